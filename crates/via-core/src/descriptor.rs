@@ -1,0 +1,298 @@
+//! Descriptors: a typed view over the application's `VIP_DESCRIPTOR` memory
+//! and its validation into a [`WorkRequest`].
+//!
+//! The application owns descriptor memory and may change it at any time, so
+//! every field is read once, with a volatile load, and checked before use;
+//! results are written back the same way, `Status` last.
+
+use crate::consts::*;
+use crate::registry::Registry;
+use std::sync::atomic::{fence, Ordering};
+
+// Offsets in the control segment (vipl.h VIP_CONTROL_SEGMENT).
+const CS_NEXT: usize = 0;
+const CS_SEG_COUNT: usize = 12;
+const CS_CONTROL: usize = 14;
+const CS_IMMEDIATE: usize = 20;
+const CS_LENGTH: usize = 24;
+const CS_STATUS: usize = 28;
+
+/// A posted descriptor in application memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DescPtr(pub usize);
+
+/// One segment, as written by the application.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawSegment {
+    /// `Data` (64-bit address).
+    pub addr: u64,
+    /// `Handle`.
+    pub handle: u32,
+    /// `Length` for a data segment, `Reserved` for an address segment.
+    pub len: u32,
+}
+
+impl DescPtr {
+    fn read<T: Copy>(self, offset: usize) -> T {
+        // SAFETY: callers validated that the descriptor lies in registered memory.
+        unsafe { std::ptr::read_volatile((self.0 + offset) as *const T) }
+    }
+
+    fn write<T: Copy>(self, offset: usize, value: T) {
+        // SAFETY: as for read.
+        unsafe { std::ptr::write_volatile((self.0 + offset) as *mut T, value) }
+    }
+
+    /// The `Control` field.
+    pub fn control(self) -> u16 {
+        self.read(CS_CONTROL)
+    }
+    /// The `SegCount` field.
+    pub fn seg_count(self) -> u16 {
+        self.read(CS_SEG_COUNT)
+    }
+    /// The `ImmediateData` field.
+    pub fn immediate(self) -> u32 {
+        self.read(CS_IMMEDIATE)
+    }
+    /// The `Status` field.
+    pub fn status(self) -> u32 {
+        self.read(CS_STATUS)
+    }
+    /// The `Next` field (ignored by the provider, kept for completeness).
+    pub fn next(self) -> u64 {
+        self.read(CS_NEXT)
+    }
+    /// Segment `i` (0-based, after the control segment).
+    pub fn segment(self, i: usize) -> RawSegment {
+        let base = CONTROL_SEGMENT_BYTES + i * DATA_SEGMENT_BYTES;
+        RawSegment { addr: self.read(base), handle: self.read(base + 8), len: self.read(base + 12) }
+    }
+    /// Clears `Status` at post time, as the specification requires of the provider.
+    pub fn clear_status(self) {
+        self.write(CS_STATUS, 0u32);
+    }
+    /// Writes the result of the operation; `Status` goes last so a consumer
+    /// polling it sees `Length` and `ImmediateData` already in place.
+    pub fn complete(self, status: u32, length: u32, immediate: Option<u32>) {
+        self.write(CS_LENGTH, length);
+        if let Some(imm) = immediate {
+            self.write(CS_IMMEDIATE, imm);
+        }
+        fence(Ordering::Release);
+        self.write(CS_STATUS, status | STATUS_DONE);
+    }
+}
+
+/// What a descriptor asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Send on the send queue, or a receive buffer on the receive queue.
+    SendRecv,
+    /// RDMA write to the remote address.
+    RdmaWrite,
+    /// RDMA read from the remote address.
+    RdmaRead,
+}
+
+impl Op {
+    /// The `VIP_STATUS_OP_*` bits of a completed descriptor of this operation.
+    pub fn status_bits(self, receive_queue: bool) -> u32 {
+        match (self, receive_queue) {
+            (Op::SendRecv, false) => STATUS_OP_SEND,
+            (Op::SendRecv, true) => STATUS_OP_RECEIVE,
+            (Op::RdmaWrite, _) => STATUS_OP_RDMA_WRITE,
+            (Op::RdmaRead, _) => STATUS_OP_RDMA_READ,
+        }
+    }
+}
+
+/// A local buffer of a validated descriptor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LocalSeg {
+    /// Address in this process.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// A descriptor after validation: everything the transport needs, copied
+/// out of application memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// The operation.
+    pub op: Op,
+    /// Immediate data, when the descriptor carries it.
+    pub immediate: Option<u32>,
+    /// Queue fence.
+    pub fence: bool,
+    /// Remote address and memory handle of an RDMA operation.
+    pub remote: Option<(u64, u32)>,
+    /// Local data segments, in order (zero-length segments dropped).
+    pub segs: Vec<LocalSeg>,
+    /// Total bytes of the local segments.
+    pub total: u64,
+}
+
+/// The rules a descriptor is checked against.
+#[derive(Clone, Copy)]
+pub struct Rules<'a> {
+    /// The registry of the VI's NIC.
+    pub registry: &'a Registry,
+    /// The VI's protection tag.
+    pub ptag: u32,
+    /// The VI's maximum transfer size.
+    pub max_transfer: u64,
+    /// RDMA read is allowed (reliable VIs only).
+    pub rdma_read: bool,
+}
+
+/// Checks that the descriptor itself lies in the region of `handle` with the
+/// VI's tag and is aligned; reads nothing else.  `false` means
+/// `VIP_DESCRIPTOR_ERROR`.
+pub fn descriptor_placement_ok(desc: DescPtr, handle: u32, rules: &Rules) -> bool {
+    desc.0 % DESCRIPTOR_ALIGNMENT == 0
+        && rules.registry.check_local(handle, desc.0 as u64, CONTROL_SEGMENT_BYTES as u64, rules.ptag)
+}
+
+/// Validates a posted descriptor.  `Err` holds the status error bits the
+/// descriptor completes with.
+pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) -> Result<WorkRequest, u32> {
+    let control = desc.control();
+    let count = desc.seg_count() as usize;
+    if control & CONTROL_RESERVED != 0 || count > limits::MAX_SEGMENTS_PER_DESC {
+        return Err(STATUS_FORMAT_ERROR);
+    }
+    // The whole descriptor, segments included, must be registered memory.
+    let extent = (CONTROL_SEGMENT_BYTES + count * DATA_SEGMENT_BYTES) as u64;
+    if !rules.registry.check_local(handle, desc.0 as u64, extent, rules.ptag) {
+        return Err(STATUS_PROTECTION_ERROR);
+    }
+    let op = match control & CONTROL_OP_MASK {
+        CONTROL_OP_SENDRECV => Op::SendRecv,
+        CONTROL_OP_RDMAWRITE if !receive_queue => Op::RdmaWrite,
+        CONTROL_OP_RDMAREAD if !receive_queue && rules.rdma_read => Op::RdmaRead,
+        _ => return Err(STATUS_FORMAT_ERROR),
+    };
+    let mut first_data = 0;
+    let mut remote = None;
+    if op != Op::SendRecv {
+        if count == 0 {
+            return Err(STATUS_FORMAT_ERROR);
+        }
+        let seg = desc.segment(0);
+        remote = Some((seg.addr, seg.handle));
+        first_data = 1;
+    }
+    let mut segs = Vec::with_capacity(count - first_data);
+    let mut total = 0u64;
+    for i in first_data..count {
+        let seg = desc.segment(i);
+        if !rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag) {
+            return Err(STATUS_PROTECTION_ERROR);
+        }
+        total += seg.len as u64;
+        if seg.len > 0 {
+            segs.push(LocalSeg { addr: seg.addr, len: seg.len });
+        }
+    }
+    if total > rules.max_transfer {
+        return Err(STATUS_LENGTH_ERROR);
+    }
+    let immediate = (control & CONTROL_IMMEDIATE != 0 && !receive_queue).then(|| desc.immediate());
+    Ok(WorkRequest { op, immediate, fence: control & CONTROL_QFENCE != 0, remote, segs, total })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+
+    #[repr(C, align(64))]
+    struct Mem([u8; 4096]);
+
+    fn put_seg(mem: &mut Mem, i: usize, addr: u64, handle: u32, len: u32) {
+        let base = 32 + 16 * i;
+        mem.0[base..base + 8].copy_from_slice(&addr.to_ne_bytes());
+        mem.0[base + 8..base + 12].copy_from_slice(&handle.to_ne_bytes());
+        mem.0[base + 12..base + 16].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    fn set_cs(mem: &mut Mem, control: u16, count: u16, imm: u32) {
+        mem.0[12..14].copy_from_slice(&count.to_ne_bytes());
+        mem.0[14..16].copy_from_slice(&control.to_ne_bytes());
+        mem.0[20..24].copy_from_slice(&imm.to_ne_bytes());
+    }
+
+    #[test]
+    fn validates_send_and_rdma() {
+        let reg = Registry::new().unwrap();
+        let mut mem = Mem([0; 4096]);
+        let base = mem.0.as_ptr() as u64;
+        let h = reg.register(base, 4096, 5, 0, false).unwrap();
+        let rules = Rules { registry: &reg, ptag: 5, max_transfer: 1 << 20, rdma_read: true };
+        let desc = DescPtr(base as usize);
+        assert!(descriptor_placement_ok(desc, h, &rules));
+        assert!(!descriptor_placement_ok(DescPtr(base as usize + 8), h, &rules));
+
+        set_cs(&mut mem, CONTROL_OP_SENDRECV | CONTROL_IMMEDIATE, 2, 0xabcd);
+        put_seg(&mut mem, 0, base + 1024, h, 100);
+        put_seg(&mut mem, 1, base + 2048, h, 50);
+        let wr = validate(desc, h, false, &rules).unwrap();
+        assert_eq!(wr.op, Op::SendRecv);
+        assert_eq!(wr.immediate, Some(0xabcd));
+        assert_eq!(wr.total, 150);
+        assert_eq!(wr.segs.len(), 2);
+
+        // A segment straying out of the region is a protection error.
+        put_seg(&mut mem, 1, base + 4090, h, 50);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
+        // Another tag is a protection error too.
+        let other = Rules { ptag: 6, ..rules };
+        assert_eq!(validate(desc, h, false, &other), Err(STATUS_PROTECTION_ERROR));
+
+        set_cs(&mut mem, CONTROL_OP_RDMAWRITE, 2, 0);
+        put_seg(&mut mem, 0, 0x1000, 77, 0);
+        put_seg(&mut mem, 1, base + 1024, h, 8);
+        let wr = validate(desc, h, false, &rules).unwrap();
+        assert_eq!((wr.op, wr.remote, wr.total), (Op::RdmaWrite, Some((0x1000, 77)), 8));
+        assert_eq!(validate(desc, h, true, &rules), Err(STATUS_FORMAT_ERROR));
+
+        set_cs(&mut mem, CONTROL_OP_RDMAREAD, 2, 0);
+        let no_read = Rules { rdma_read: false, ..rules };
+        assert_eq!(validate(desc, h, false, &no_read), Err(STATUS_FORMAT_ERROR));
+    }
+
+    #[test]
+    fn format_and_length_errors() {
+        let reg = Registry::new().unwrap();
+        let mut mem = Mem([0; 4096]);
+        let base = mem.0.as_ptr() as u64;
+        let h = reg.register(base, 4096, 1, 0, false).unwrap();
+        let rules = Rules { registry: &reg, ptag: 1, max_transfer: 100, rdma_read: false };
+        let desc = DescPtr(base as usize);
+        set_cs(&mut mem, 0x10, 0, 0);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        set_cs(&mut mem, CONTROL_OP_RESERVED, 0, 0);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        set_cs(&mut mem, 0, 33, 0);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        set_cs(&mut mem, CONTROL_OP_RDMAWRITE, 0, 0);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        set_cs(&mut mem, 0, 1, 0);
+        put_seg(&mut mem, 0, base + 1024, h, 101);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_LENGTH_ERROR));
+        set_cs(&mut mem, 0, 0, 0);
+        assert_eq!(validate(desc, h, true, &rules).unwrap().total, 0);
+    }
+
+    #[test]
+    fn completion_writes_status_last() {
+        let mut mem = Mem([0; 4096]);
+        let desc = DescPtr(mem.0.as_mut_ptr() as usize);
+        desc.complete(STATUS_OP_RECEIVE | STATUS_IMMEDIATE, 42, Some(7));
+        assert_eq!(desc.status(), STATUS_DONE | STATUS_OP_RECEIVE | STATUS_IMMEDIATE);
+        assert_eq!(desc.immediate(), 7);
+        assert_eq!(u32::from_ne_bytes(mem.0[24..28].try_into().unwrap()), 42);
+    }
+}

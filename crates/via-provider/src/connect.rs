@@ -1,0 +1,350 @@
+//! Connection management: the client-server and peer-to-peer models.
+//!
+//! `viad` introduces the two processes and hands both the connection
+//! segment and a socket pair.  Each side then maps the segment, publishes
+//! the receives it has already posted, and says `Ready` with its endpoint;
+//! only then may the other side send, so that pre-posted receives are never
+//! missed.  The server answers the client's `Ready` with `Accept` or
+//! `Reject`; peers just exchange `Ready`.
+
+use crate::endpoint::{Endpoint, PeerMessage};
+use crate::handles::Handle;
+use crate::nic::Nic;
+use crate::timeout::Deadline;
+use crate::vi::{Vi, ViState};
+use crate::provider;
+use parking_lot::Mutex;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use via_core::error::{ViaError, ViaResult};
+use via_shm::conn::{ConnSegment, Side, CONN_SEGMENT_BYTES};
+use via_shm::inbox::Inbox;
+use via_shm::region::SharedRegion;
+use viad::client::{self, AgentError, ConnFds, Request};
+
+/// An established (or being established) connection.
+pub struct Conn {
+    /// The shared segment: rings and receive caches.
+    pub seg: Arc<ConnSegment>,
+    /// The socket pair end: control messages and peer-death detection.
+    pub socket: OwnedFd,
+    /// The peer's CQ inboxes.
+    pub peer_inbox: Inbox,
+    /// The peer's endpoint.
+    pub peer: Endpoint,
+}
+
+impl Conn {
+    /// Sends a control message to the peer; a dead peer is not an error here.
+    pub fn tell(&self, msg: PeerMessage) {
+        let _ = send_msg(&self.socket, &msg);
+    }
+}
+
+/// What `VipConnectWait` returns: a request waiting for an answer.
+pub struct PendingConn {
+    /// The NIC it arrived on.
+    pub nic: Arc<Nic>,
+    /// Client host address.
+    pub remote_host: Vec<u8>,
+    /// Client discriminator.
+    pub remote_disc: Vec<u8>,
+    /// The client's endpoint.
+    pub peer: Endpoint,
+    parts: Mutex<Option<Parts>>,
+}
+
+struct Parts {
+    seg: Arc<ConnSegment>,
+    socket: OwnedFd,
+    peer_inbox: Inbox,
+}
+
+fn agent_error(e: AgentError) -> ViaError {
+    match e {
+        AgentError::NoMatch => ViaError::NoMatch,
+        AgentError::Unreachable => ViaError::NotReachable,
+        AgentError::Timeout => ViaError::Timeout,
+        AgentError::UnknownDevice(_) => ViaError::InvalidParameter,
+        other => {
+            tracing::warn!("host agent: {other}");
+            ViaError::Resource
+        }
+    }
+}
+
+fn send_msg(socket: &OwnedFd, msg: &PeerMessage) -> std::io::Result<()> {
+    let bytes = msg.encode();
+    // SAFETY: plain send on a socket we own.
+    let n = unsafe {
+        libc::send(socket.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, bytes.len(), libc::MSG_NOSIGNAL)
+    };
+    if n == bytes.len() as isize {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Receives one message, waiting up to the deadline.  `Ok(None)` on timeout;
+/// a closed socket or garbage is an error.
+pub(crate) fn recv_msg(socket: &OwnedFd, deadline: &Deadline) -> std::io::Result<Option<PeerMessage>> {
+    loop {
+        let ms = deadline.remaining().map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+        let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Ok(None);
+        }
+        return read_msg(socket);
+    }
+}
+
+/// Reads one message that poll said is there.
+pub(crate) fn read_msg(socket: &OwnedFd) -> std::io::Result<Option<PeerMessage>> {
+    let mut buf = [0u8; 128];
+    // SAFETY: reading into a local buffer.
+    let n = unsafe {
+        libc::recv(socket.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT)
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+    }
+    if n == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    PeerMessage::decode(&buf[..n as usize])
+        .map(Some)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed peer message"))
+}
+
+fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
+    let region = SharedRegion::map(fds.segment).map_err(|_| ViaError::Resource)?;
+    let seg = ConnSegment::new(region, side).map_err(|_| ViaError::Resource)?;
+    let peer_inbox = Inbox::map(fds.peer_inbox).map_err(|_| ViaError::Resource)?;
+    Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_inbox })
+}
+
+fn side(s: client::Side) -> Side {
+    match s {
+        client::Side::A => Side::A,
+        client::Side::B => Side::B,
+    }
+}
+
+/// Splits a `VIP_NET_ADDRESS` into host address and discriminator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetAddress {
+    /// Host address bytes.
+    pub host: Vec<u8>,
+    /// Discriminator bytes.
+    pub disc: Vec<u8>,
+}
+
+/// `VipConnectWait`.
+pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaResult<Handle> {
+    let deadline = Deadline::after_ms(timeout_ms);
+    loop {
+        let incoming = client::listen(&nic.device.host_addr, &local.disc, &[], nic.inbox.fd(), deadline.remaining())
+            .map_err(agent_error)?;
+        let parts = map_parts(incoming.fds, Side::B)?;
+        // The client says Ready once its receives are published.
+        match recv_msg(&parts.socket, &deadline) {
+            Ok(Some(PeerMessage::Ready(peer))) => {
+                let pending = PendingConn {
+                    nic: nic.clone(),
+                    remote_host: incoming.remote_host,
+                    remote_disc: incoming.remote_disc,
+                    peer,
+                    parts: Mutex::new(Some(parts)),
+                };
+                return provider().conns.insert(|_| Arc::new(pending)).map(|(h, _)| h).ok_or(ViaError::Resource);
+            }
+            Ok(None) => return Err(ViaError::Timeout),
+            // A client that vanished during the handshake: wait for the next one.
+            _ => continue,
+        }
+    }
+}
+
+/// `VipConnectAccept`.
+pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
+    let pending = provider().conns.get(conn).ok_or(ViaError::InvalidParameter)?;
+    if vi.nic.handle != pending.nic.handle {
+        return Err(ViaError::InvalidParameter);
+    }
+    if vi.state() != ViState::Idle {
+        return Err(ViaError::InvalidState);
+    }
+    let attrs = vi.attrs();
+    if attrs.reliability != pending.peer.reliability {
+        return Err(ViaError::InvalidReliabilityLevel);
+    }
+    if attrs.max_transfer != pending.peer.max_transfer {
+        return Err(ViaError::InvalidMtu);
+    }
+    let parts = pending.parts.lock().take().ok_or(ViaError::InvalidParameter)?;
+    provider().conns.remove(conn);
+    vi.attach_segment(parts.seg.clone())?;
+    let conn = Arc::new(Conn { seg: parts.seg, socket: parts.socket, peer_inbox: parts.peer_inbox, peer: pending.peer });
+    if send_msg(&conn.socket, &PeerMessage::Accept(vi.endpoint())).is_err() {
+        vi.detach_segment();
+        return Err(ViaError::Timeout);
+    }
+    vi.connected(conn);
+    Ok(())
+}
+
+/// `VipConnectReject`.
+pub fn reject(conn: Handle) -> ViaResult<()> {
+    let pending = provider().conns.remove(conn).ok_or(ViaError::InvalidParameter)?;
+    if let Some(parts) = pending.parts.lock().take() {
+        let _ = send_msg(&parts.socket, &PeerMessage::Reject);
+    }
+    Ok(())
+}
+
+fn request<'a>(vi: &'a Vi, remote: &'a NetAddress, local: &'a NetAddress) -> Request<'a> {
+    Request {
+        local_host: &vi.nic.device.host_addr,
+        local_disc: &local.disc,
+        remote_host: &remote.host,
+        remote_disc: &remote.disc,
+        info: &[],
+        inbox: vi.nic.inbox.fd(),
+        segment_bytes: CONN_SEGMENT_BYTES as u64,
+    }
+}
+
+fn begin(vi: &Vi) -> ViaResult<()> {
+    // Idle -> ConnectPending, once.
+    match vi.state() {
+        ViState::Idle => {
+            vi.set_state(ViState::ConnectPending);
+            Ok(())
+        }
+        _ => Err(ViaError::InvalidState),
+    }
+}
+
+fn abort(vi: &Vi) {
+    vi.detach_segment();
+    vi.set_state(ViState::Idle);
+}
+
+/// `VipConnectRequest`: returns the server's endpoint.
+pub fn connect_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<Endpoint> {
+    if timeout_ms == 0 {
+        return Err(ViaError::InvalidParameter);
+    }
+    begin(vi)?;
+    let deadline = Deadline::after_ms(timeout_ms);
+    let result = (|| {
+        let matched = client::connect(&request(vi, remote, local), deadline.remaining_or_long()).map_err(agent_error)?;
+        let parts = map_parts(matched.fds, Side::A)?;
+        vi.attach_segment(parts.seg.clone())?;
+        send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint())).map_err(|_| ViaError::Timeout)?;
+        match recv_msg(&parts.socket, &deadline) {
+            Ok(Some(PeerMessage::Accept(peer))) => Ok(Arc::new(Conn {
+                seg: parts.seg,
+                socket: parts.socket,
+                peer_inbox: parts.peer_inbox,
+                peer,
+            })),
+            Ok(Some(PeerMessage::Reject)) => Err(ViaError::Reject),
+            Ok(None) => Err(ViaError::Timeout),
+            _ => Err(ViaError::Reject),
+        }
+    })();
+    match result {
+        Ok(conn) => {
+            let peer = conn.peer;
+            vi.connected(conn);
+            Ok(peer)
+        }
+        Err(e) => {
+            abort(vi);
+            Err(e)
+        }
+    }
+}
+
+/// `VipConnectPeerRequest`: starts the rendezvous and returns at once.
+pub fn peer_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<()> {
+    if timeout_ms == 0 {
+        return Err(ViaError::InvalidParameter);
+    }
+    begin(vi)?;
+    *vi.peer_outcome.lock() = None;
+    let deadline = Deadline::after_ms(timeout_ms);
+    let (vi2, local, remote) = (vi.clone(), local.clone(), remote.clone());
+    std::thread::Builder::new()
+        .name("via-peer-connect".into())
+        .spawn(move || {
+            let vi = vi2;
+            let outcome = (|| {
+                let matched = client::peer_connect(&request(&vi, &remote, &local), deadline.remaining_or_long())
+                    .map_err(agent_error)?;
+                let parts = map_parts(matched.fds, side(matched.side))?;
+                vi.attach_segment(parts.seg.clone())?;
+                send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint())).map_err(|_| ViaError::Timeout)?;
+                match recv_msg(&parts.socket, &deadline) {
+                    Ok(Some(PeerMessage::Ready(peer))) => Ok(Arc::new(Conn {
+                        seg: parts.seg,
+                        socket: parts.socket,
+                        peer_inbox: parts.peer_inbox,
+                        peer,
+                    })),
+                    Ok(None) => Err(ViaError::Timeout),
+                    _ => Err(ViaError::NoMatch),
+                }
+            })();
+            *vi.peer_outcome.lock() = Some(outcome);
+            vi.bump();
+        })
+        .map_err(|_| ViaError::Resource)?;
+    Ok(())
+}
+
+/// `VipConnectPeerDone` (`wait` false) and `VipConnectPeerWait` (`wait` true).
+pub fn peer_done(vi: &Arc<Vi>, wait: bool) -> ViaResult<Endpoint> {
+    if vi.state() != ViState::ConnectPending {
+        return Err(ViaError::InvalidState);
+    }
+    let forever = Deadline::after_ms(crate::timeout::INFINITE_MS);
+    loop {
+        let outcome = vi.peer_outcome.lock().take();
+        match outcome {
+            Some(Ok(conn)) => {
+                let peer = conn.peer;
+                let attrs = vi.attrs();
+                if attrs.reliability != peer.reliability || attrs.max_transfer != peer.max_transfer {
+                    conn.tell(PeerMessage::Break(crate::nic::error_code::CONN_LOST));
+                    abort(vi);
+                    return Err(if attrs.reliability != peer.reliability {
+                        ViaError::InvalidReliabilityLevel
+                    } else {
+                        ViaError::InvalidMtu
+                    });
+                }
+                vi.connected(conn);
+                return Ok(peer);
+            }
+            Some(Err(e)) => {
+                abort(vi);
+                return Err(e);
+            }
+            None if !wait => return Err(ViaError::NotDone),
+            None => vi.wait_change(&forever),
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The openvia provider: NICs, protection tags, VIs, completion queues and
+//! connections, with the semantics of the VIA specification, over the
+//! shared-memory transport of `via-shm`.
+//!
+//! The C ABI (`vipl`) is a thin layer over this crate: every object the
+//! application sees is a [`handles::Handle`] into one of the provider's
+//! tables.
+
+pub mod connect;
+pub mod cq;
+pub mod endpoint;
+pub mod handles;
+pub mod names;
+pub mod nic;
+pub mod progress;
+pub mod timeout;
+pub mod vi;
+
+use handles::{Kind, Table};
+use std::sync::OnceLock;
+
+pub use cq::Cq;
+pub use nic::{ErrorEvent, Nic, Ptag};
+pub use vi::{Vi, ViAttrs, ViState};
+pub use via_core::ViaError;
+pub use via_core::error::ViaResult;
+
+/// Every live object of this process.
+pub struct Provider {
+    /// Open NICs.
+    pub nics: Table<Nic>,
+    /// Protection tags.
+    pub ptags: Table<Ptag>,
+    /// VIs.
+    pub vis: Table<Vi>,
+    /// Completion queues.
+    pub cqs: Table<Cq>,
+    /// Connection requests returned by `VipConnectWait` and not yet answered.
+    pub conns: Table<connect::PendingConn>,
+}
+
+/// The process-wide provider.
+pub fn provider() -> &'static Provider {
+    static PROVIDER: OnceLock<Provider> = OnceLock::new();
+    PROVIDER.get_or_init(|| Provider {
+        nics: Table::new(Kind::Nic, 64),
+        ptags: Table::new(Kind::Ptag, 64 * via_core::consts::limits::MAX_PTAGS as u32),
+        vis: Table::new(Kind::Vi, 4 * via_core::consts::limits::MAX_VI as u32),
+        cqs: Table::new(Kind::Cq, 4 * via_core::consts::limits::MAX_CQ as u32),
+        conns: Table::new(Kind::Conn, 4096),
+    })
+}

@@ -1,0 +1,230 @@
+//! NICs and protection tags.
+
+use crate::handles::Handle;
+use crate::provider;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use via_core::consts::limits;
+use via_core::error::{ViaError, ViaResult};
+use via_core::registry::Registry;
+use via_shm::inbox::{Inbox, INBOXES};
+
+/// An asynchronous error, as `VIP_ERROR_DESCRIPTOR` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorEvent {
+    /// The NIC.
+    pub nic: Handle,
+    /// The VI concerned, or 0.
+    pub vi: Handle,
+    /// The CQ concerned, or 0.
+    pub cq: Handle,
+    /// The descriptor concerned, or 0.
+    pub descriptor: usize,
+    /// `VIP_RESOURCE_CODE`.
+    pub resource: u32,
+    /// `VIP_ERROR_CODE`.
+    pub code: u32,
+}
+
+/// `VIP_ERROR_CODE` values used by the provider.
+pub mod error_code {
+    /// A descriptor failed at post time.
+    pub const POST_DESC: u32 = 0;
+    /// The connection was lost.
+    pub const CONN_LOST: u32 = 1;
+    /// A message arrived with no receive posted.
+    pub const RECVQ_EMPTY: u32 = 2;
+    /// RDMA write protection error at the target.
+    pub const RDMAW_PROT: u32 = 4;
+    /// RDMA read protection error at the target.
+    pub const RDMAR_PROT: u32 = 7;
+    /// Completion queue overflow.
+    pub const CATASTROPHIC: u32 = 10;
+}
+
+/// `VIP_RESOURCE_CODE` values.
+pub mod resource_code {
+    /// The VI.
+    pub const VI: u32 = 1;
+    /// The CQ.
+    pub const CQ: u32 = 2;
+}
+
+/// A handler installed by `VipErrorCallback`.
+pub type ErrorHandler = Arc<dyn Fn(&ErrorEvent) + Send + Sync>;
+
+/// An open NIC.
+pub struct Nic {
+    /// This NIC's handle.
+    pub handle: Handle,
+    /// The device, as the host agent resolved it.
+    pub device: viad::client::DeviceInfo,
+    _session: viad::client::Session,
+    /// Registered memory.
+    pub registry: Registry,
+    /// Completion-queue inboxes, shared with peers.
+    pub inbox: Inbox,
+    cq_slots: Mutex<Vec<bool>>,
+    next_ptag: AtomicU32,
+    /// Live protection tags.
+    pub ptag_count: AtomicUsize,
+    /// Live VIs.
+    pub vi_count: AtomicUsize,
+    /// Pin registered memory (`VIA_PIN_MEMORY=1`).
+    pub pin: bool,
+    handler: Mutex<Option<ErrorHandler>>,
+    /// Set by `VipCloseNic`.
+    pub closed: AtomicBool,
+}
+
+impl Nic {
+    /// Opens a device by its VIA name (`/dev/via_lo`, `via_eth0`, ...).
+    pub fn open(device: &str) -> ViaResult<(Handle, Arc<Nic>)> {
+        let (session, info) = viad::client::Session::open(device).map_err(|e| match e {
+            viad::client::AgentError::UnknownDevice(_) => ViaError::InvalidParameter,
+            other => {
+                tracing::warn!("cannot open {device}: {other}");
+                ViaError::Resource
+            }
+        })?;
+        let registry = Registry::new()?;
+        let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
+        let pin = std::env::var("VIA_PIN_MEMORY").is_ok_and(|v| v == "1");
+        provider()
+            .nics
+            .insert(|handle| {
+                Arc::new(Nic {
+                    handle,
+                    device: info,
+                    _session: session,
+                    registry,
+                    inbox,
+                    cq_slots: Mutex::new(vec![false; INBOXES]),
+                    next_ptag: AtomicU32::new(1),
+                    ptag_count: AtomicUsize::new(0),
+                    vi_count: AtomicUsize::new(0),
+                    pin,
+                    handler: Mutex::new(None),
+                    closed: AtomicBool::new(false),
+                })
+            })
+            .ok_or(ViaError::Resource)
+    }
+
+    /// Looks up a NIC handle.
+    pub fn get(handle: Handle) -> ViaResult<Arc<Nic>> {
+        provider().nics.get(handle).ok_or(ViaError::InvalidParameter)
+    }
+
+    /// Closes the NIC and everything still open on it.
+    pub fn close(handle: Handle) -> ViaResult<()> {
+        let nic = Nic::get(handle)?;
+        nic.closed.store(true, Ordering::Release);
+        let p = provider();
+        for (h, vi) in p.vis.all() {
+            if vi.nic.handle == handle {
+                let _ = vi.disconnect();
+                p.vis.remove(h);
+            }
+        }
+        for (h, c) in p.conns.all() {
+            if c.nic.handle == handle {
+                p.conns.remove(h);
+            }
+        }
+        for (h, cq) in p.cqs.all() {
+            if cq.nic.handle == handle {
+                p.cqs.remove(h);
+            }
+        }
+        for (h, t) in p.ptags.all() {
+            if t.nic == handle {
+                p.ptags.remove(h);
+            }
+        }
+        p.nics.remove(handle);
+        Ok(())
+    }
+
+    /// Claims a CQ inbox index.
+    pub fn claim_cq_slot(&self) -> ViaResult<usize> {
+        let mut slots = self.cq_slots.lock();
+        let index = slots.iter().position(|used| !used).ok_or(ViaError::Resource)?;
+        slots[index] = true;
+        self.inbox.reset(index);
+        Ok(index)
+    }
+
+    /// Returns a CQ inbox index.
+    pub fn release_cq_slot(&self, index: usize) {
+        self.cq_slots.lock()[index] = false;
+    }
+
+    /// Creates a protection tag.
+    pub fn create_ptag(self: &Arc<Self>) -> ViaResult<Handle> {
+        if self.ptag_count.fetch_add(1, Ordering::AcqRel) >= limits::MAX_PTAGS {
+            self.ptag_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(ViaError::Resource);
+        }
+        let id = self.next_ptag.fetch_add(1, Ordering::Relaxed);
+        let nic = self.handle;
+        match provider().ptags.insert(|handle| Arc::new(Ptag { handle, nic, id, vi_users: AtomicUsize::new(0) })) {
+            Some((h, _)) => Ok(h),
+            None => {
+                self.ptag_count.fetch_sub(1, Ordering::AcqRel);
+                Err(ViaError::Resource)
+            }
+        }
+    }
+
+    /// Destroys a protection tag that no VI or region uses.
+    pub fn destroy_ptag(&self, handle: Handle) -> ViaResult<()> {
+        let tag = self.ptag(handle).map_err(|_| ViaError::InvalidParameter)?;
+        if tag.vi_users.load(Ordering::Acquire) > 0 || self.registry.ptag_users(tag.id) > 0 {
+            return Err(ViaError::InvalidState);
+        }
+        provider().ptags.remove(handle);
+        self.ptag_count.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// A protection tag of this NIC (`VIP_INVALID_PTAG` otherwise).
+    pub fn ptag(&self, handle: Handle) -> ViaResult<Arc<Ptag>> {
+        match provider().ptags.get(handle) {
+            Some(t) if t.nic == self.handle => Ok(t),
+            _ => Err(ViaError::InvalidPtag),
+        }
+    }
+
+    /// The tag id behind a handle of this NIC's tags.
+    pub fn ptag_of_id(&self, id: u32) -> Option<Handle> {
+        provider().ptags.all().into_iter().find(|(_, t)| t.nic == self.handle && t.id == id).map(|(h, _)| h)
+    }
+
+    /// Installs (or with `None` removes) the asynchronous error handler.
+    pub fn set_error_handler(&self, handler: Option<ErrorHandler>) {
+        *self.handler.lock() = handler;
+    }
+
+    /// Reports an asynchronous error to the handler, or logs it.
+    pub fn report(&self, event: ErrorEvent) {
+        let handler = self.handler.lock().clone();
+        match handler {
+            Some(h) => h(&event),
+            None => tracing::warn!(?event, "asynchronous VIA error"),
+        }
+    }
+}
+
+/// A protection tag.
+pub struct Ptag {
+    /// This tag's handle.
+    pub handle: Handle,
+    /// The NIC it belongs to.
+    pub nic: Handle,
+    /// The id stored in regions and compared on access.
+    pub id: u32,
+    /// VIs created with this tag.
+    pub vi_users: AtomicUsize,
+}

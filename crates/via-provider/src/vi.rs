@@ -1,0 +1,787 @@
+//! VIs: the work queues, the state machine and the data path.
+//!
+//! A send is carried out by the posting thread inside `post_send`: the
+//! message is copied inline into the ring or written with one cross-memory
+//! copy into the receive buffer the peer published, so a send descriptor is
+//! complete when `post_send` returns.  Receives complete when the owner
+//! polls its ring (`recv_done`, `recv_wait`, via a CQ).  Lock order: `recv`
+//! before `send`.
+
+use crate::connect::Conn;
+use crate::cq::{Cq, CqEntry};
+use crate::endpoint::{Endpoint, NO_CQ};
+use crate::handles::Handle;
+use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
+use crate::timeout::{spin_window, Deadline};
+use crate::{progress, provider};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use via_core::consts::*;
+use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, WorkRequest};
+use via_core::error::{ViaError, ViaResult};
+use via_core::registry::{slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES};
+use via_shm::conn::ConnSegment;
+use via_shm::recv::RecvSeg;
+use via_shm::ring::{SlotHeader, INLINE_MAX, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
+use via_shm::{cma, futex};
+
+/// Slot flag: `imm` is valid.
+const FLAG_IMMEDIATE: u32 = 1;
+/// Slot flag: the payload is inline in the slot.
+const FLAG_INLINE: u32 = 2;
+
+/// `VIP_VI_STATE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ViState {
+    /// Not connected.
+    Idle = 0,
+    /// Connected.
+    Connected = 1,
+    /// A connection request is under way.
+    ConnectPending = 2,
+    /// The connection broke; descriptors are flushed.
+    Error = 3,
+}
+
+/// The attributes of a VI (`VIP_VI_ATTRIBUTES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViAttrs {
+    /// Reliability level.
+    pub reliability: u16,
+    /// Maximum transfer size.
+    pub max_transfer: u64,
+    /// Protection tag handle.
+    pub ptag: Handle,
+    /// Accept RDMA writes.
+    pub rdma_write: bool,
+    /// Accept RDMA reads.
+    pub rdma_read: bool,
+}
+
+struct RecvItem {
+    desc: DescPtr,
+    segs: Vec<LocalSeg>,
+    total: u64,
+    /// Sequence number in the peer-visible receive cache, once published.
+    seq: Option<u64>,
+    done: bool,
+    /// Status error bits of a descriptor that failed validation; it
+    /// completes with them when its turn comes.
+    error: u32,
+}
+
+#[derive(Default)]
+struct RecvQueue {
+    items: VecDeque<RecvItem>,
+    /// Completed items form a prefix of `items`: its length.
+    done: usize,
+    seg: Option<Arc<ConnSegment>>,
+}
+
+#[derive(Default)]
+struct SendQueue {
+    done: VecDeque<DescPtr>,
+    conn: Option<Arc<Conn>>,
+}
+
+/// Why a connection is being broken, seen from both ends.
+#[derive(Debug, Clone, Copy)]
+struct Break {
+    /// Error code reported to this process.
+    mine: u32,
+    /// Error code sent to the peer.
+    theirs: u32,
+}
+
+/// A Virtual Interface.
+pub struct Vi {
+    /// This VI's handle.
+    pub handle: Handle,
+    /// Its NIC.
+    pub nic: Arc<Nic>,
+    /// CQ of the send queue.
+    pub send_cq: Option<Arc<Cq>>,
+    /// CQ of the receive queue.
+    pub recv_cq: Option<Arc<Cq>>,
+    attrs: Mutex<ViAttrs>,
+    ptag_id: AtomicU32,
+    state: AtomicU8,
+    recv: Mutex<RecvQueue>,
+    send: Mutex<SendQueue>,
+    /// Futex word for waiters that have no ring to sleep on.
+    wake_word: AtomicU32,
+    sleepers: AtomicUsize,
+    /// Outcome of an asynchronous peer connection request.
+    pub(crate) peer_outcome: Mutex<Option<ViaResult<Arc<Conn>>>>,
+    /// Set when the VI is destroyed, for notify threads.
+    pub destroyed: std::sync::atomic::AtomicBool,
+}
+
+fn reliable(level: u16) -> bool {
+    level != SERVICE_UNRELIABLE
+}
+
+impl Vi {
+    /// Creates a VI on `nic`.
+    pub fn create(
+        nic: &Arc<Nic>,
+        attrs: ViAttrs,
+        send_cq: Option<Arc<Cq>>,
+        recv_cq: Option<Arc<Cq>>,
+    ) -> ViaResult<Handle> {
+        let tag = check_attrs(nic, &attrs)?;
+        for cq in send_cq.iter().chain(recv_cq.iter()) {
+            if cq.nic.handle != nic.handle {
+                return Err(ViaError::InvalidParameter);
+            }
+        }
+        if nic.vi_count.fetch_add(1, Ordering::AcqRel) >= limits::MAX_VI {
+            nic.vi_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(ViaError::Resource);
+        }
+        let inserted = provider().vis.insert(|handle| {
+            Arc::new(Vi {
+                handle,
+                nic: nic.clone(),
+                send_cq: send_cq.clone(),
+                recv_cq: recv_cq.clone(),
+                attrs: Mutex::new(attrs),
+                ptag_id: AtomicU32::new(tag.id),
+                state: AtomicU8::new(ViState::Idle as u8),
+                recv: Mutex::new(RecvQueue::default()),
+                send: Mutex::new(SendQueue::default()),
+                wake_word: AtomicU32::new(0),
+                sleepers: AtomicUsize::new(0),
+                peer_outcome: Mutex::new(None),
+                destroyed: Default::default(),
+            })
+        });
+        let Some((handle, _)) = inserted else {
+            nic.vi_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(ViaError::Resource);
+        };
+        tag.vi_users.fetch_add(1, Ordering::AcqRel);
+        for cq in send_cq.iter().chain(recv_cq.iter()) {
+            cq.users.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(handle)
+    }
+
+    /// Looks up a VI handle.
+    pub fn get(handle: Handle) -> ViaResult<Arc<Vi>> {
+        provider().vis.get(handle).ok_or(ViaError::InvalidParameter)
+    }
+
+    /// Destroys an idle VI.
+    pub fn destroy(handle: Handle) -> ViaResult<()> {
+        let vi = Vi::get(handle)?;
+        {
+            let _r = vi.recv.lock();
+            let _s = vi.send.lock();
+            if vi.state() != ViState::Idle {
+                return Err(ViaError::InvalidState);
+            }
+            provider().vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
+        }
+        vi.destroyed.store(true, Ordering::Release);
+        vi.bump();
+        vi.nic.vi_count.fetch_sub(1, Ordering::AcqRel);
+        if let Ok(tag) = vi.nic.ptag(vi.attrs().ptag) {
+            tag.vi_users.fetch_sub(1, Ordering::AcqRel);
+        }
+        for cq in vi.send_cq.iter().chain(vi.recv_cq.iter()) {
+            cq.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// The current state.
+    pub fn state(&self) -> ViState {
+        match self.state.load(Ordering::Acquire) {
+            0 => ViState::Idle,
+            1 => ViState::Connected,
+            2 => ViState::ConnectPending,
+            _ => ViState::Error,
+        }
+    }
+
+    pub(crate) fn set_state(&self, s: ViState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// The attributes.
+    pub fn attrs(&self) -> ViAttrs {
+        *self.attrs.lock()
+    }
+
+    /// Changes the attributes of an idle VI.
+    pub fn set_attrs(&self, new: ViAttrs) -> ViaResult<()> {
+        let _r = self.recv.lock();
+        if self.state() != ViState::Idle {
+            return Err(ViaError::InvalidState);
+        }
+        let tag = check_attrs(&self.nic, &new)?;
+        let mut attrs = self.attrs.lock();
+        if attrs.ptag != new.ptag {
+            if let Ok(old) = self.nic.ptag(attrs.ptag) {
+                old.vi_users.fetch_sub(1, Ordering::AcqRel);
+            }
+            tag.vi_users.fetch_add(1, Ordering::AcqRel);
+            self.ptag_id.store(tag.id, Ordering::Release);
+        }
+        *attrs = new;
+        Ok(())
+    }
+
+    /// Whether the send and receive queues are empty.
+    pub fn queues_empty(&self) -> (bool, bool) {
+        let r = self.recv.lock().items.is_empty();
+        (self.send.lock().done.is_empty(), r)
+    }
+
+    /// What the peer needs to know about this VI.
+    pub(crate) fn endpoint(&self) -> Endpoint {
+        let a = self.attrs();
+        Endpoint {
+            pid: std::process::id(),
+            vi: self.handle,
+            recv_cq: self.recv_cq.as_ref().map_or(NO_CQ, |c| c.index as u32),
+            reliability: a.reliability,
+            max_transfer: a.max_transfer,
+            rdma_write: a.rdma_write,
+            rdma_read: a.rdma_read,
+            ptag: self.ptag_id.load(Ordering::Acquire),
+            registry: self.nic.registry.table_address(),
+        }
+    }
+
+    fn rules(&self) -> (Rules<'_>, ViAttrs) {
+        let a = self.attrs();
+        let rules = Rules {
+            registry: &self.nic.registry,
+            ptag: self.ptag_id.load(Ordering::Acquire),
+            max_transfer: a.max_transfer,
+            rdma_read: reliable(a.reliability),
+        };
+        (rules, a)
+    }
+
+    /// Wakes everybody waiting on this VI.
+    pub(crate) fn bump(&self) {
+        self.wake_word.fetch_add(1, Ordering::Release);
+        futex::futex_wake(&self.wake_word, i32::MAX);
+    }
+
+    fn push_cq(&self, recv: bool) {
+        let cq = if recv { &self.recv_cq } else { &self.send_cq };
+        if let Some(cq) = cq {
+            cq.push_local(CqEntry { vi: self.handle, recv });
+        }
+    }
+
+    // ---- connection plumbing (used by connect.rs) -------------------------------------
+
+    /// Attaches a mapped segment: publishes every receive posted so far.
+    pub(crate) fn attach_segment(&self, seg: Arc<ConnSegment>) -> ViaResult<()> {
+        let mut q = self.recv.lock();
+        let mut seq = Vec::new();
+        for item in q.items.iter().filter(|i| !i.done && i.error == 0) {
+            seq.push(publish(&seg, &item.segs)?);
+        }
+        for (item, s) in q.items.iter_mut().filter(|i| !i.done && i.error == 0).zip(seq) {
+            item.seq = Some(s);
+        }
+        q.seg = Some(seg);
+        Ok(())
+    }
+
+    /// Forgets a segment whose connection never came about.
+    pub(crate) fn detach_segment(&self) {
+        let mut q = self.recv.lock();
+        q.seg = None;
+        for item in q.items.iter_mut() {
+            item.seq = None;
+        }
+    }
+
+    /// Completes a connection.
+    pub(crate) fn connected(&self, conn: Arc<Conn>) {
+        let _r = self.recv.lock();
+        let mut s = self.send.lock();
+        cma::allow_peer(conn.peer.pid as i32);
+        s.conn = Some(conn.clone());
+        self.set_state(ViState::Connected);
+        drop(s);
+        progress::watch(&conn, self.handle);
+        self.bump();
+    }
+
+    /// `VipDisconnect`: Connected or Error -> Idle, flushing what is posted.
+    pub fn disconnect(&self) -> ViaResult<()> {
+        let mut r = self.recv.lock();
+        let mut s = self.send.lock();
+        match self.state() {
+            ViState::Connected | ViState::Error => {}
+            _ => return Err(ViaError::InvalidState),
+        }
+        if let Some(conn) = s.conn.take() {
+            conn.tell(crate::endpoint::PeerMessage::Disconnect);
+            progress::unwatch(&conn);
+        }
+        self.drain(&mut r);
+        self.flush(&mut r);
+        r.seg = None;
+        self.set_state(ViState::Idle);
+        drop(s);
+        drop(r);
+        self.bump();
+        Ok(())
+    }
+
+    /// The peer went away or broke the connection: Error state, flushed queues, callback.
+    pub(crate) fn peer_lost(&self, code: u32) {
+        if self.enter_error(None) {
+            self.report(code);
+        }
+    }
+
+    /// Connected -> Error, telling the peer `theirs` if given.  True if this call made the change.
+    fn enter_error(&self, theirs: Option<u32>) -> bool {
+        let mut r = self.recv.lock();
+        let mut s = self.send.lock();
+        if self.state() != ViState::Connected {
+            return false;
+        }
+        self.set_state(ViState::Error);
+        if let Some(conn) = s.conn.take() {
+            if let Some(code) = theirs {
+                conn.tell(crate::endpoint::PeerMessage::Break(code));
+            }
+            progress::unwatch(&conn);
+        }
+        self.drain(&mut r);
+        self.flush(&mut r);
+        r.seg = None;
+        drop(s);
+        drop(r);
+        self.bump();
+        true
+    }
+
+    fn break_connection(&self, why: Break) {
+        if self.enter_error(Some(why.theirs)) {
+            self.report(why.mine);
+        }
+    }
+
+    fn report(&self, code: u32) {
+        let event = ErrorEvent {
+            nic: self.nic.handle,
+            vi: self.handle,
+            cq: 0,
+            descriptor: 0,
+            resource: resource_code::VI,
+            code,
+        };
+        let nic = self.nic.clone();
+        progress::defer(Box::new(move || nic.report(event)));
+    }
+
+    // ---- receive side -----------------------------------------------------------------
+
+    /// `VipPostRecv`.
+    pub fn post_recv(&self, desc: DescPtr, mem: u32) -> ViaResult<()> {
+        if desc.0 == 0 {
+            return Err(ViaError::InvalidParameter);
+        }
+        let (rules, _) = self.rules();
+        if !descriptor_placement_ok(desc, mem, &rules) {
+            return Err(ViaError::Descriptor);
+        }
+        let mut q = self.recv.lock();
+        if q.items.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
+            return Err(ViaError::Resource);
+        }
+        desc.clear_status();
+        let state = self.state();
+        let flushed = state == ViState::Error;
+        let (segs, total, error) = match validate(desc, mem, true, &rules) {
+            Ok(wr) => (wr.segs, wr.total, 0),
+            Err(bits) => (Vec::new(), 0, bits),
+        };
+        if flushed || error != 0 {
+            let bits = if flushed { STATUS_DESC_FLUSHED_ERROR } else { error };
+            // Completes in order: at once if nothing is pending ahead of it.
+            q.items.push_back(RecvItem { desc, segs, total, seq: None, done: false, error: bits });
+            self.settle(&mut q);
+            drop(q);
+            self.bump();
+            if error != 0 && reliable(self.attrs().reliability) {
+                self.break_connection(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+            }
+            return Ok(());
+        }
+        let seq = match &q.seg {
+            Some(seg) => Some(publish(seg, &segs)?),
+            None => None,
+        };
+        q.items.push_back(RecvItem { desc, segs, total, seq, done: false, error: 0 });
+        Ok(())
+    }
+
+    /// Completes failed descriptors that have reached the head of the pending part.
+    fn settle(&self, q: &mut RecvQueue) {
+        while let Some(item) = q.items.get_mut(q.done) {
+            if item.error == 0 {
+                break;
+            }
+            item.desc.complete(STATUS_OP_RECEIVE | item.error, 0, None);
+            item.done = true;
+            q.done += 1;
+            self.push_cq(true);
+        }
+    }
+
+    /// Completes arrived messages in posting order.  Returns an error when
+    /// the peer wrote something that cannot be true.
+    fn drain(&self, q: &mut RecvQueue) -> bool {
+        self.settle(q);
+        let Some(seg) = q.seg.clone() else { return true };
+        let rx = seg.rx();
+        loop {
+            self.settle(q);
+            let hdr = match rx.peek() {
+                Ok(Some(h)) => h,
+                Ok(None) => return true,
+                Err(_) => return false,
+            };
+            let index = q.done;
+            let Some(item) = q.items.get_mut(index) else { return false };
+            if item.seq != Some(hdr.recv_seq) || !(hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM) {
+                return false;
+            }
+            let mut status = if hdr.kind == SLOT_SEND { STATUS_OP_RECEIVE } else { STATUS_OP_REMOTE_RDMA_WRITE };
+            let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
+            if imm.is_some() {
+                status |= STATUS_IMMEDIATE;
+            }
+            let mut length = hdr.length;
+            if hdr.status & STATUS_ERROR_MASK != 0 {
+                status |= hdr.status & STATUS_ERROR_MASK;
+                length = 0;
+            } else if hdr.kind == SLOT_SEND && (hdr.length as u64) > item.total {
+                status |= STATUS_LENGTH_ERROR;
+                length = 0;
+            } else if hdr.flags & FLAG_INLINE != 0 {
+                let mut dst: Vec<&mut [u8]> = item
+                    .segs
+                    .iter()
+                    // SAFETY: validated against the registry when posted.
+                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) })
+                    .collect();
+                length = rx.read_payload(&mut dst) as u32;
+            }
+            item.desc.complete(status, length, imm);
+            item.done = true;
+            q.done += 1;
+            rx.pop();
+        }
+    }
+
+    /// Completes every pending receive with DESC_FLUSHED_ERROR.
+    fn flush(&self, q: &mut RecvQueue) {
+        let mut n = 0;
+        for item in q.items.iter_mut().skip(q.done) {
+            let bits = if item.error != 0 { item.error } else { STATUS_DESC_FLUSHED_ERROR };
+            item.desc.complete(STATUS_OP_RECEIVE | bits, 0, None);
+            item.done = true;
+            n += 1;
+        }
+        q.done = q.items.len();
+        for _ in 0..n {
+            self.push_cq(true);
+        }
+    }
+
+    /// `VipRecvDone`.
+    pub fn recv_done(&self) -> ViaResult<DescPtr> {
+        let mut q = self.recv.lock();
+        let sane = self.drain(&mut q);
+        let got = if q.done > 0 {
+            q.done -= 1;
+            q.items.pop_front().map(|i| i.desc)
+        } else {
+            None
+        };
+        drop(q);
+        if !sane {
+            tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
+            self.break_connection(LOST);
+        }
+        got.ok_or(ViaError::NotDone)
+    }
+
+    /// `VipRecvWait`.
+    pub fn recv_wait(&self, timeout_ms: u64) -> ViaResult<DescPtr> {
+        let deadline = Deadline::after_ms(timeout_ms);
+        let spin_until = Instant::now() + spin_window();
+        loop {
+            let word = self.wake_word.load(Ordering::Acquire);
+            match self.recv_done() {
+                Ok(d) => return Ok(d),
+                Err(ViaError::NotDone) => {}
+                Err(e) => return Err(e),
+            }
+            if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
+                return Err(ViaError::Timeout);
+            }
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            let seg = self.recv.lock().seg.clone();
+            let nap = deadline.next_sleep(Duration::from_millis(50));
+            match seg {
+                Some(seg) => seg.rx().wait(Some(nap)),
+                None => {
+                    futex::futex_wait(&self.wake_word, word, Some(nap));
+                }
+            }
+        }
+    }
+
+    // ---- send side --------------------------------------------------------------------
+
+    /// `VipPostSend`: validates the descriptor and carries the operation out.
+    pub fn post_send(&self, desc: DescPtr, mem: u32) -> ViaResult<()> {
+        if desc.0 == 0 {
+            return Err(ViaError::InvalidParameter);
+        }
+        let (rules, attrs) = self.rules();
+        let mut q = self.send.lock();
+        let state = self.state();
+        if state != ViState::Connected && state != ViState::Error {
+            return Err(ViaError::InvalidState);
+        }
+        if !descriptor_placement_ok(desc, mem, &rules) {
+            return Err(ViaError::Descriptor);
+        }
+        if q.done.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
+            return Err(ViaError::Resource);
+        }
+        desc.clear_status();
+        let mut broken = None;
+        match (&q.conn, validate(desc, mem, false, &rules)) {
+            (None, _) => desc.complete(STATUS_DESC_FLUSHED_ERROR, 0, None),
+            (Some(_), Err(bits)) => {
+                let op = match desc.control() & CONTROL_OP_MASK {
+                    CONTROL_OP_RDMAWRITE => STATUS_OP_RDMA_WRITE,
+                    CONTROL_OP_RDMAREAD => STATUS_OP_RDMA_READ,
+                    _ => STATUS_OP_SEND,
+                };
+                desc.complete(op | bits, 0, None);
+                if reliable(attrs.reliability) {
+                    broken = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+                }
+            }
+            (Some(conn), Ok(wr)) => {
+                let (status, length, why) = execute(conn, &wr, reliable(attrs.reliability), attrs.reliability);
+                desc.complete(wr.op.status_bits(false) | status, length, None);
+                broken = why;
+            }
+        }
+        q.done.push_back(desc);
+        drop(q);
+        self.push_cq(false);
+        if self.sleepers.load(Ordering::Acquire) > 0 {
+            self.bump();
+        }
+        if let Some(why) = broken {
+            self.break_connection(why);
+        }
+        Ok(())
+    }
+
+    /// `VipSendDone`.
+    pub fn send_done(&self) -> ViaResult<DescPtr> {
+        self.send.lock().done.pop_front().ok_or(ViaError::NotDone)
+    }
+
+    /// `VipSendWait`.
+    pub fn send_wait(&self, timeout_ms: u64) -> ViaResult<DescPtr> {
+        let deadline = Deadline::after_ms(timeout_ms);
+        loop {
+            let word = self.wake_word.load(Ordering::Acquire);
+            if let Ok(d) = self.send_done() {
+                return Ok(d);
+            }
+            if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
+                return Err(ViaError::Timeout);
+            }
+            self.sleepers.fetch_add(1, Ordering::AcqRel);
+            futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
+            self.sleepers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Waits until the state changes or the deadline passes (peer connections).
+    pub(crate) fn wait_change(&self, deadline: &Deadline) {
+        let word = self.wake_word.load(Ordering::Acquire);
+        self.sleepers.fetch_add(1, Ordering::AcqRel);
+        futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
+        self.sleepers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
+    let tag = nic.ptag(attrs.ptag)?;
+    if ![SERVICE_UNRELIABLE, SERVICE_RELIABLE_DELIVERY, SERVICE_RELIABLE_RECEPTION].contains(&attrs.reliability) {
+        return Err(ViaError::InvalidReliabilityLevel);
+    }
+    if attrs.max_transfer == 0 || attrs.max_transfer > limits::MAX_TRANSFER_SIZE {
+        return Err(ViaError::InvalidMtu);
+    }
+    if attrs.rdma_read && !reliable(attrs.reliability) {
+        return Err(ViaError::InvalidRdmaRead);
+    }
+    Ok(tag)
+}
+
+fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
+    let segs: Vec<RecvSeg> = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len }).collect();
+    seg.my_recvs().publish(&segs).map_err(|_| ViaError::Resource)
+}
+
+fn local_slices(segs: &[LocalSeg]) -> Vec<IoSlice<'static>> {
+    segs.iter()
+        // SAFETY: validated against the registry when posted.
+        .map(|s| IoSlice::new(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) }))
+        .collect()
+}
+
+fn local_slices_mut(segs: &[LocalSeg]) -> Vec<IoSliceMut<'static>> {
+    segs.iter()
+        // SAFETY: validated against the registry when posted.
+        .map(|s| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) }))
+        .collect()
+}
+
+const NO_RECV: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RECVQ_EMPTY };
+const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
+
+/// Carries out one validated send-queue operation on a connection.
+/// Returns the status bits to add, the length, and whether the connection must break.
+fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u32, Option<Break>) {
+    let total = wr.total as u32;
+    match wr.op {
+        Op::SendRecv => deliver(conn, wr, SLOT_SEND, reliable, level),
+        Op::RdmaWrite => {
+            let Some((addr, handle)) = wr.remote else { return (STATUS_FORMAT_ERROR, 0, None) };
+            if !remote_allows(conn, addr, handle, wr.total, true) {
+                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
+                return (STATUS_RDMA_PROT_ERROR, 0, why);
+            }
+            if wr.total > 0 {
+                let remote = [(addr, wr.total as usize)];
+                if cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote).is_err() {
+                    return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+                }
+            }
+            if wr.immediate.is_some() {
+                let (bits, _, why) = deliver(conn, wr, SLOT_RDMA_WRITE_IMM, reliable, level);
+                return (bits, total, why);
+            }
+            (0, total, None)
+        }
+        Op::RdmaRead => {
+            let Some((addr, handle)) = wr.remote else { return (STATUS_FORMAT_ERROR, 0, None) };
+            if !remote_allows(conn, addr, handle, wr.total, false) {
+                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAR_PROT });
+                return (STATUS_RDMA_PROT_ERROR, 0, why);
+            }
+            if wr.total > 0 {
+                let remote = [(addr, wr.total as usize)];
+                if cma::read_remote(conn.peer.pid as i32, &mut local_slices_mut(&wr.segs), &remote).is_err() {
+                    return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+                }
+            }
+            (0, total, None)
+        }
+    }
+}
+
+/// Consumes the peer's next posted receive for a send (or RDMA write with immediate data).
+fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16) -> (u32, u32, Option<Break>) {
+    let total = wr.total;
+    let entry = match conn.seg.peer_recvs().take() {
+        Ok(Some(e)) => e,
+        Ok(None) if !reliable => return (0, total as u32, None), // unreliable: dropped
+        Ok(None) => return (STATUS_TRANSPORT_ERROR, 0, Some(NO_RECV)),
+        Err(_) => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
+    };
+    let mut hdr = SlotHeader {
+        kind,
+        length: total as u32,
+        recv_seq: entry.seq,
+        imm: wr.immediate.unwrap_or(0),
+        flags: if wr.immediate.is_some() { FLAG_IMMEDIATE } else { 0 },
+        ..Default::default()
+    };
+    let mut result = (0, total as u32, None);
+    let mut payload: Vec<&[u8]> = Vec::new();
+    if kind == SLOT_SEND && total > entry.total {
+        hdr.status = STATUS_LENGTH_ERROR;
+        hdr.length = 0;
+        if reliable {
+            let bits = if level == SERVICE_RELIABLE_RECEPTION { STATUS_REMOTE_DESC_ERROR } else { 0 };
+            result = (bits, total as u32, Some(LOST));
+        }
+    } else if kind == SLOT_SEND && total as usize <= inline_max() && level != SERVICE_RELIABLE_RECEPTION {
+        hdr.flags |= FLAG_INLINE;
+        // SAFETY: validated against the registry when posted.
+        payload = wr.segs.iter().map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) }).collect();
+    } else if kind == SLOT_SEND && total > 0 {
+        let remote: Vec<(u64, usize)> = entry.segs().iter().map(|s| (s.addr, s.len as usize)).collect();
+        match cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote) {
+            Ok(n) if n as u64 == total => {}
+            _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
+        }
+    }
+    if conn.seg.tx().push(&hdr, &payload).is_err() {
+        return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+    }
+    if conn.peer.recv_cq != NO_CQ {
+        conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
+    }
+    result
+}
+
+/// Messages up to this size travel inline in the ring (`VIA_INLINE_MAX`, at most 1024).
+fn inline_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("VIA_INLINE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(INLINE_MAX).min(INLINE_MAX)
+    })
+}
+
+/// Checks an RDMA request against the target's registry, tag and enables.
+fn remote_allows(conn: &Conn, addr: u64, handle: u32, len: u64, write: bool) -> bool {
+    let peer = &conn.peer;
+    if (write && !peer.rdma_write) || (!write && !peer.rdma_read) {
+        return false;
+    }
+    let Some(at) = slot_address(peer.registry, handle) else { return false };
+    let mut bytes = [0u8; REGION_SLOT_BYTES];
+    let read = cma::read_remote(peer.pid as i32, &mut [IoSliceMut::new(&mut bytes)], &[(at, REGION_SLOT_BYTES)]);
+    if !matches!(read, Ok(REGION_SLOT_BYTES)) {
+        return false;
+    }
+    let Some(region) = Region::from_remote_slot(&bytes, handle) else { return false };
+    let flag = if write { REGION_RDMA_WRITE } else { REGION_RDMA_READ };
+    region.ptag == peer.ptag && region.flags & flag != 0 && region.contains(addr, len)
+}

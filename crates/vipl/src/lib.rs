@@ -1,0 +1,92 @@
+//! libvipl: the VIA Provider Library C API of `vipl.h`.
+//!
+//! Each function checks its pointers, turns C structures and handles into
+//! provider values, calls `via-provider`, and maps the result onto
+//! `VIP_RETURN` in one place ([`code`]).  No panic crosses the C boundary.
+
+#![allow(clippy::missing_safety_doc)]
+
+mod api_conn;
+mod api_cq;
+mod api_nic;
+mod api_vi;
+pub mod types;
+
+use types::*;
+use via_core::ViaError;
+use via_provider::ViaResult;
+
+/// `VIP_SUCCESS`.
+pub const VIP_SUCCESS: VIP_RETURN = 0;
+
+/// Maps a provider error onto its `VIP_RETURN`.
+pub fn code(e: ViaError) -> VIP_RETURN {
+    match e {
+        ViaError::NotDone => 1,
+        ViaError::InvalidParameter => 2,
+        ViaError::Resource => 3,
+        ViaError::Timeout => 4,
+        ViaError::Reject => 5,
+        ViaError::InvalidReliabilityLevel => 6,
+        ViaError::InvalidMtu => 7,
+        ViaError::InvalidQos => 8,
+        ViaError::InvalidPtag => 9,
+        ViaError::InvalidRdmaRead => 10,
+        ViaError::Descriptor => 11,
+        ViaError::InvalidState => 12,
+        ViaError::NameService => 13,
+        ViaError::NoMatch => 14,
+        ViaError::NotReachable => 15,
+        ViaError::NotSupported => 16,
+    }
+}
+
+/// Runs one API call: panics become `VIP_ERROR_RESOURCE`, errors their code.
+pub(crate) fn call(f: impl FnOnce() -> ViaResult<()>) -> VIP_RETURN {
+    init_logging();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => VIP_SUCCESS,
+        Ok(Err(e)) => code(e),
+        Err(_) => code(ViaError::Resource),
+    }
+}
+
+/// Writes `value` through an out-pointer, refusing NULL.
+pub(crate) unsafe fn put<T>(out: *mut T, value: T) -> ViaResult<()> {
+    if out.is_null() {
+        return Err(ViaError::InvalidParameter);
+    }
+    out.write(value);
+    Ok(())
+}
+
+/// Refuses NULL out-pointers before any work is done.
+pub(crate) fn need<T>(p: *const T) -> ViaResult<()> {
+    if p.is_null() {
+        Err(ViaError::InvalidParameter)
+    } else {
+        Ok(())
+    }
+}
+
+/// Handles travel as pointers.
+pub(crate) fn h(p: VIP_PVOID) -> u64 {
+    p as u64
+}
+
+/// And back.
+pub(crate) fn p(handle: u64) -> VIP_PVOID {
+    handle as VIP_PVOID
+}
+
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(level) = std::env::var("VIA_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
+}
