@@ -10,9 +10,9 @@
 use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
 use crate::nic::Nic;
+use crate::provider;
 use crate::timeout::Deadline;
 use crate::vi::{Vi, ViState};
-use crate::provider;
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -77,7 +77,12 @@ fn send_msg(socket: &OwnedFd, msg: &PeerMessage) -> std::io::Result<()> {
     let bytes = msg.encode();
     // SAFETY: plain send on a socket we own.
     let n = unsafe {
-        libc::send(socket.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, bytes.len(), libc::MSG_NOSIGNAL)
+        libc::send(
+            socket.as_raw_fd(),
+            bytes.as_ptr() as *const libc::c_void,
+            bytes.len(),
+            libc::MSG_NOSIGNAL,
+        )
     };
     if n == bytes.len() as isize {
         Ok(())
@@ -88,10 +93,19 @@ fn send_msg(socket: &OwnedFd, msg: &PeerMessage) -> std::io::Result<()> {
 
 /// Receives one message, waiting up to the deadline.  `Ok(None)` on timeout;
 /// a closed socket or garbage is an error.
-pub(crate) fn recv_msg(socket: &OwnedFd, deadline: &Deadline) -> std::io::Result<Option<PeerMessage>> {
+pub(crate) fn recv_msg(
+    socket: &OwnedFd,
+    deadline: &Deadline,
+) -> std::io::Result<Option<PeerMessage>> {
     loop {
-        let ms = deadline.remaining().map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
-        let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = deadline
+            .remaining()
+            .map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+        let mut pfd = libc::pollfd {
+            fd: socket.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one pollfd.
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
         if r < 0 {
@@ -113,25 +127,44 @@ pub(crate) fn read_msg(socket: &OwnedFd) -> std::io::Result<Option<PeerMessage>>
     let mut buf = [0u8; 128];
     // SAFETY: reading into a local buffer.
     let n = unsafe {
-        libc::recv(socket.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT)
+        libc::recv(
+            socket.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
     };
     if n < 0 {
         let e = std::io::Error::last_os_error();
-        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+        return if e.kind() == std::io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     if n == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     PeerMessage::decode(&buf[..n as usize])
         .map(Some)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed peer message"))
+        .ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed peer message")
+        })
 }
 
 fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
-    let region = SharedRegion::map(fds.segment).map_err(|_| ViaError::Resource)?;
-    let seg = ConnSegment::new(region, side).map_err(|_| ViaError::Resource)?;
-    let peer_inbox = Inbox::map(fds.peer_inbox).map_err(|_| ViaError::Resource)?;
-    Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_inbox })
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        tracing::warn!("cannot map the connection's {what}: {e}");
+        ViaError::Resource
+    };
+    let region = SharedRegion::map(fds.segment).map_err(|e| fail("segment", &e))?;
+    let seg = ConnSegment::new(region, side).map_err(|e| fail("segment", &e))?;
+    let peer_inbox = Inbox::map(fds.peer_inbox).map_err(|e| fail("peer inbox", &e))?;
+    Ok(Parts {
+        seg: Arc::new(seg),
+        socket: fds.socket,
+        peer_inbox,
+    })
 }
 
 fn side(s: client::Side) -> Side {
@@ -154,8 +187,14 @@ pub struct NetAddress {
 pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaResult<Handle> {
     let deadline = Deadline::after_ms(timeout_ms);
     loop {
-        let incoming = client::listen(&nic.device.host_addr, &local.disc, &[], nic.inbox.fd(), deadline.remaining())
-            .map_err(agent_error)?;
+        let incoming = client::listen(
+            &nic.device.host_addr,
+            &local.disc,
+            &[],
+            nic.inbox.fd(),
+            deadline.remaining(),
+        )
+        .map_err(agent_error)?;
         let parts = map_parts(incoming.fds, Side::B)?;
         // The client says Ready once its receives are published.
         match recv_msg(&parts.socket, &deadline) {
@@ -167,7 +206,11 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
                     peer,
                     parts: Mutex::new(Some(parts)),
                 };
-                return provider().conns.insert(|_| Arc::new(pending)).map(|(h, _)| h).ok_or(ViaError::Resource);
+                return provider()
+                    .conns
+                    .insert(|_| Arc::new(pending))
+                    .map(|(h, _)| h)
+                    .ok_or(ViaError::Resource);
             }
             Ok(None) => return Err(ViaError::Timeout),
             // A client that vanished during the handshake: wait for the next one.
@@ -178,7 +221,10 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
 
 /// `VipConnectAccept`.
 pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
-    let pending = provider().conns.get(conn).ok_or(ViaError::InvalidParameter)?;
+    let pending = provider()
+        .conns
+        .get(conn)
+        .ok_or(ViaError::InvalidParameter)?;
     if vi.nic.handle != pending.nic.handle {
         return Err(ViaError::InvalidParameter);
     }
@@ -192,10 +238,19 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
     if attrs.max_transfer != pending.peer.max_transfer {
         return Err(ViaError::InvalidMtu);
     }
-    let parts = pending.parts.lock().take().ok_or(ViaError::InvalidParameter)?;
+    let parts = pending
+        .parts
+        .lock()
+        .take()
+        .ok_or(ViaError::InvalidParameter)?;
     provider().conns.remove(conn);
     vi.attach_segment(parts.seg.clone())?;
-    let conn = Arc::new(Conn { seg: parts.seg, socket: parts.socket, peer_inbox: parts.peer_inbox, peer: pending.peer });
+    let conn = Arc::new(Conn {
+        seg: parts.seg,
+        socket: parts.socket,
+        peer_inbox: parts.peer_inbox,
+        peer: pending.peer,
+    });
     if send_msg(&conn.socket, &PeerMessage::Accept(vi.endpoint())).is_err() {
         vi.detach_segment();
         return Err(ViaError::Timeout);
@@ -206,7 +261,10 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
 
 /// `VipConnectReject`.
 pub fn reject(conn: Handle) -> ViaResult<()> {
-    let pending = provider().conns.remove(conn).ok_or(ViaError::InvalidParameter)?;
+    let pending = provider()
+        .conns
+        .remove(conn)
+        .ok_or(ViaError::InvalidParameter)?;
     if let Some(parts) = pending.parts.lock().take() {
         let _ = send_msg(&parts.socket, &PeerMessage::Reject);
     }
@@ -242,17 +300,24 @@ fn abort(vi: &Vi) {
 }
 
 /// `VipConnectRequest`: returns the server's endpoint.
-pub fn connect_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<Endpoint> {
+pub fn connect_request(
+    vi: &Arc<Vi>,
+    local: &NetAddress,
+    remote: &NetAddress,
+    timeout_ms: u64,
+) -> ViaResult<Endpoint> {
     if timeout_ms == 0 {
         return Err(ViaError::InvalidParameter);
     }
     begin(vi)?;
     let deadline = Deadline::after_ms(timeout_ms);
     let result = (|| {
-        let matched = client::connect(&request(vi, remote, local), deadline.remaining_or_long()).map_err(agent_error)?;
+        let matched = client::connect(&request(vi, remote, local), deadline.remaining_or_long())
+            .map_err(agent_error)?;
         let parts = map_parts(matched.fds, Side::A)?;
         vi.attach_segment(parts.seg.clone())?;
-        send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint())).map_err(|_| ViaError::Timeout)?;
+        send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint()))
+            .map_err(|_| ViaError::Timeout)?;
         match recv_msg(&parts.socket, &deadline) {
             Ok(Some(PeerMessage::Accept(peer))) => Ok(Arc::new(Conn {
                 seg: parts.seg,
@@ -279,7 +344,12 @@ pub fn connect_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, ti
 }
 
 /// `VipConnectPeerRequest`: starts the rendezvous and returns at once.
-pub fn peer_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<()> {
+pub fn peer_request(
+    vi: &Arc<Vi>,
+    local: &NetAddress,
+    remote: &NetAddress,
+    timeout_ms: u64,
+) -> ViaResult<()> {
     if timeout_ms == 0 {
         return Err(ViaError::InvalidParameter);
     }
@@ -292,11 +362,15 @@ pub fn peer_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeo
         .spawn(move || {
             let vi = vi2;
             let outcome = (|| {
-                let matched = client::peer_connect(&request(&vi, &remote, &local), deadline.remaining_or_long())
-                    .map_err(agent_error)?;
+                let matched = client::peer_connect(
+                    &request(&vi, &remote, &local),
+                    deadline.remaining_or_long(),
+                )
+                .map_err(agent_error)?;
                 let parts = map_parts(matched.fds, side(matched.side))?;
                 vi.attach_segment(parts.seg.clone())?;
-                send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint())).map_err(|_| ViaError::Timeout)?;
+                send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint()))
+                    .map_err(|_| ViaError::Timeout)?;
                 match recv_msg(&parts.socket, &deadline) {
                     Ok(Some(PeerMessage::Ready(peer))) => Ok(Arc::new(Conn {
                         seg: parts.seg,
@@ -327,7 +401,8 @@ pub fn peer_done(vi: &Arc<Vi>, wait: bool) -> ViaResult<Endpoint> {
             Some(Ok(conn)) => {
                 let peer = conn.peer;
                 let attrs = vi.attrs();
-                if attrs.reliability != peer.reliability || attrs.max_transfer != peer.max_transfer {
+                if attrs.reliability != peer.reliability || attrs.max_transfer != peer.max_transfer
+                {
                     conn.tell(PeerMessage::Break(crate::nic::error_code::CONN_LOST));
                     abort(vi);
                     return Err(if attrs.reliability != peer.reliability {

@@ -32,7 +32,10 @@ impl CqEntry {
     }
     /// Parses an inbox word (untrusted: the VI is looked up before use).
     pub fn decode(word: u64) -> CqEntry {
-        CqEntry { vi: (word & 0x00FF_FFFF_FFFF_FFFF) | ((Kind::Vi as u64) << 56), recv: word >> 63 == 1 }
+        CqEntry {
+            vi: (word & 0x00FF_FFFF_FFFF_FFFF) | ((Kind::Vi as u64) << 56),
+            recv: word >> 63 == 1,
+        }
     }
 }
 
@@ -163,7 +166,10 @@ impl Cq {
                 std::hint::spin_loop();
                 continue;
             }
-            self.nic.inbox.wait(self.index, Some(deadline.next_sleep(Duration::from_millis(50))));
+            self.nic.inbox.wait(
+                self.index,
+                Some(deadline.next_sleep(Duration::from_millis(50))),
+            );
         }
     }
 }
@@ -176,7 +182,10 @@ mod tests {
     fn entries_round_trip() {
         let vi = ((Kind::Vi as u64) << 56) | (0x12_3456 << 32) | 77;
         for recv in [false, true] {
-            assert_eq!(CqEntry::decode(CqEntry { vi, recv }.encode()), CqEntry { vi, recv });
+            assert_eq!(
+                CqEntry::decode(CqEntry { vi, recv }.encode()),
+                CqEntry { vi, recv }
+            );
         }
     }
 }

@@ -113,7 +113,9 @@ impl PeerMessage {
             2 => Endpoint::decode(rest).map(PeerMessage::Accept),
             3 if rest.is_empty() => Some(PeerMessage::Reject),
             4 if rest.is_empty() => Some(PeerMessage::Disconnect),
-            5 if rest.len() == 4 => Some(PeerMessage::Break(u32::from_le_bytes(rest.try_into().unwrap()))),
+            5 if rest.len() == 4 => Some(PeerMessage::Break(u32::from_le_bytes(
+                rest.try_into().unwrap(),
+            ))),
             _ => None,
         }
     }
@@ -125,8 +127,24 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
-        let e = Endpoint { pid: 9, vi: 1 << 60, recv_cq: 3, reliability: 2, max_transfer: 77, rdma_write: true, rdma_read: false, ptag: 5, registry: 0xdead };
-        for m in [PeerMessage::Ready(e), PeerMessage::Accept(e), PeerMessage::Reject, PeerMessage::Disconnect, PeerMessage::Break(4)] {
+        let e = Endpoint {
+            pid: 9,
+            vi: 1 << 60,
+            recv_cq: 3,
+            reliability: 2,
+            max_transfer: 77,
+            rdma_write: true,
+            rdma_read: false,
+            ptag: 5,
+            registry: 0xdead,
+        };
+        for m in [
+            PeerMessage::Ready(e),
+            PeerMessage::Accept(e),
+            PeerMessage::Reject,
+            PeerMessage::Disconnect,
+            PeerMessage::Break(4),
+        ] {
             assert_eq!(PeerMessage::decode(&m.encode()), Some(m));
         }
         assert_eq!(PeerMessage::decode(&[]), None);

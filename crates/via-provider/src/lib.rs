@@ -22,8 +22,8 @@ use std::sync::OnceLock;
 pub use cq::Cq;
 pub use nic::{ErrorEvent, Nic, Ptag};
 pub use vi::{Vi, ViAttrs, ViState};
-pub use via_core::ViaError;
 pub use via_core::error::ViaResult;
+pub use via_core::ViaError;
 
 /// Every live object of this process.
 pub struct Provider {

@@ -114,7 +114,10 @@ impl Nic {
 
     /// Looks up a NIC handle.
     pub fn get(handle: Handle) -> ViaResult<Arc<Nic>> {
-        provider().nics.get(handle).ok_or(ViaError::InvalidParameter)
+        provider()
+            .nics
+            .get(handle)
+            .ok_or(ViaError::InvalidParameter)
     }
 
     /// Closes the NIC and everything still open on it.
@@ -150,7 +153,10 @@ impl Nic {
     /// Claims a CQ inbox index.
     pub fn claim_cq_slot(&self) -> ViaResult<usize> {
         let mut slots = self.cq_slots.lock();
-        let index = slots.iter().position(|used| !used).ok_or(ViaError::Resource)?;
+        let index = slots
+            .iter()
+            .position(|used| !used)
+            .ok_or(ViaError::Resource)?;
         slots[index] = true;
         self.inbox.reset(index);
         Ok(index)
@@ -169,7 +175,14 @@ impl Nic {
         }
         let id = self.next_ptag.fetch_add(1, Ordering::Relaxed);
         let nic = self.handle;
-        match provider().ptags.insert(|handle| Arc::new(Ptag { handle, nic, id, vi_users: AtomicUsize::new(0) })) {
+        match provider().ptags.insert(|handle| {
+            Arc::new(Ptag {
+                handle,
+                nic,
+                id,
+                vi_users: AtomicUsize::new(0),
+            })
+        }) {
             Some((h, _)) => Ok(h),
             None => {
                 self.ptag_count.fetch_sub(1, Ordering::AcqRel);
@@ -199,7 +212,12 @@ impl Nic {
 
     /// The tag id behind a handle of this NIC's tags.
     pub fn ptag_of_id(&self, id: u32) -> Option<Handle> {
-        provider().ptags.all().into_iter().find(|(_, t)| t.nic == self.handle && t.id == id).map(|(h, _)| h)
+        provider()
+            .ptags
+            .all()
+            .into_iter()
+            .find(|(_, t)| t.nic == self.handle && t.id == id)
+            .map(|(h, _)| h)
     }
 
     /// Installs (or with `None` removes) the asynchronous error handler.

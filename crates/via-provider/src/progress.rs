@@ -33,7 +33,11 @@ fn helper() -> &'static Helper {
         let (epoll, wakeup) = unsafe {
             let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
             let ev = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
-            assert!(ep >= 0 && ev >= 0, "epoll/eventfd: {}", std::io::Error::last_os_error());
+            assert!(
+                ep >= 0 && ev >= 0,
+                "epoll/eventfd: {}",
+                std::io::Error::last_os_error()
+            );
             (OwnedFd::from_raw_fd(ep), OwnedFd::from_raw_fd(ev))
         };
         let helper: &'static Helper = Box::leak(Box::new(Helper {
@@ -52,7 +56,10 @@ fn helper() -> &'static Helper {
 }
 
 fn add(h: &Helper, fd: RawFd, token: u64) {
-    let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP) as u32, u64: token };
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP) as u32,
+        u64: token,
+    };
     // SAFETY: registering an fd we hold open.
     unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
 }
@@ -70,10 +77,20 @@ pub fn unwatch(conn: &Arc<Conn>) {
     let h = helper();
     let fd = conn.socket.as_raw_fd();
     let mut watched = h.watched.lock();
-    if watched.get(&fd).is_some_and(|(_, w)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(conn))) {
+    if watched
+        .get(&fd)
+        .is_some_and(|(_, w)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(conn)))
+    {
         watched.remove(&fd);
         // SAFETY: the fd is still open (the Conn is alive).
-        unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+        unsafe {
+            libc::epoll_ctl(
+                h.epoll.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd,
+                std::ptr::null_mut(),
+            )
+        };
     }
 }
 
@@ -83,7 +100,13 @@ pub fn defer(job: Job) {
     h.jobs.lock().push_back(job);
     let one: u64 = 1;
     // SAFETY: writing 8 bytes to our eventfd.
-    unsafe { libc::write(h.wakeup.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    unsafe {
+        libc::write(
+            h.wakeup.as_raw_fd(),
+            &one as *const u64 as *const libc::c_void,
+            8,
+        )
+    };
 }
 
 fn run(h: &'static Helper) {
@@ -96,7 +119,13 @@ fn run(h: &'static Helper) {
             if token == WAKEUP_TOKEN {
                 let mut buf = 0u64;
                 // SAFETY: draining our eventfd.
-                unsafe { libc::read(h.wakeup.as_raw_fd(), &mut buf as *mut u64 as *mut libc::c_void, 8) };
+                unsafe {
+                    libc::read(
+                        h.wakeup.as_raw_fd(),
+                        &mut buf as *mut u64 as *mut libc::c_void,
+                        8,
+                    )
+                };
                 loop {
                     let job = h.jobs.lock().pop_front();
                     match job {

@@ -21,9 +21,13 @@ use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use via_core::consts::*;
-use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, WorkRequest};
+use via_core::descriptor::{
+    descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, WorkRequest,
+};
 use via_core::error::{ViaError, ViaResult};
-use via_core::registry::{slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES};
+use via_core::registry::{
+    slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES,
+};
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
 use via_shm::ring::{SlotHeader, INLINE_MAX, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
@@ -186,7 +190,10 @@ impl Vi {
             if vi.state() != ViState::Idle {
                 return Err(ViaError::InvalidState);
             }
-            provider().vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
+            provider()
+                .vis
+                .remove(handle)
+                .ok_or(ViaError::InvalidParameter)?;
         }
         vi.destroyed.store(true, Ordering::Release);
         vi.bump();
@@ -280,7 +287,10 @@ impl Vi {
     fn push_cq(&self, recv: bool) {
         let cq = if recv { &self.recv_cq } else { &self.send_cq };
         if let Some(cq) = cq {
-            cq.push_local(CqEntry { vi: self.handle, recv });
+            cq.push_local(CqEntry {
+                vi: self.handle,
+                recv,
+            });
         }
     }
 
@@ -293,7 +303,12 @@ impl Vi {
         for item in q.items.iter().filter(|i| !i.done && i.error == 0) {
             seq.push(publish(&seg, &item.segs)?);
         }
-        for (item, s) in q.items.iter_mut().filter(|i| !i.done && i.error == 0).zip(seq) {
+        for (item, s) in q
+            .items
+            .iter_mut()
+            .filter(|i| !i.done && i.error == 0)
+            .zip(seq)
+        {
             item.seq = Some(s);
         }
         q.seg = Some(seg);
@@ -415,14 +430,28 @@ impl Vi {
             Err(bits) => (Vec::new(), 0, bits),
         };
         if flushed || error != 0 {
-            let bits = if flushed { STATUS_DESC_FLUSHED_ERROR } else { error };
+            let bits = if flushed {
+                STATUS_DESC_FLUSHED_ERROR
+            } else {
+                error
+            };
             // Completes in order: at once if nothing is pending ahead of it.
-            q.items.push_back(RecvItem { desc, segs, total, seq: None, done: false, error: bits });
+            q.items.push_back(RecvItem {
+                desc,
+                segs,
+                total,
+                seq: None,
+                done: false,
+                error: bits,
+            });
             self.settle(&mut q);
             drop(q);
             self.bump();
             if error != 0 && reliable(self.attrs().reliability) {
-                self.break_connection(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+                self.break_connection(Break {
+                    mine: error_code::POST_DESC,
+                    theirs: error_code::CONN_LOST,
+                });
             }
             return Ok(());
         }
@@ -430,7 +459,14 @@ impl Vi {
             Some(seg) => Some(publish(seg, &segs)?),
             None => None,
         };
-        q.items.push_back(RecvItem { desc, segs, total, seq, done: false, error: 0 });
+        q.items.push_back(RecvItem {
+            desc,
+            segs,
+            total,
+            seq,
+            done: false,
+            error: 0,
+        });
         Ok(())
     }
 
@@ -451,7 +487,9 @@ impl Vi {
     /// the peer wrote something that cannot be true.
     fn drain(&self, q: &mut RecvQueue) -> bool {
         self.settle(q);
-        let Some(seg) = q.seg.clone() else { return true };
+        let Some(seg) = q.seg.clone() else {
+            return true;
+        };
         let rx = seg.rx();
         loop {
             self.settle(q);
@@ -461,11 +499,19 @@ impl Vi {
                 Err(_) => return false,
             };
             let index = q.done;
-            let Some(item) = q.items.get_mut(index) else { return false };
-            if item.seq != Some(hdr.recv_seq) || !(hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM) {
+            let Some(item) = q.items.get_mut(index) else {
+                return false;
+            };
+            if item.seq != Some(hdr.recv_seq)
+                || !(hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM)
+            {
                 return false;
             }
-            let mut status = if hdr.kind == SLOT_SEND { STATUS_OP_RECEIVE } else { STATUS_OP_REMOTE_RDMA_WRITE };
+            let mut status = if hdr.kind == SLOT_SEND {
+                STATUS_OP_RECEIVE
+            } else {
+                STATUS_OP_REMOTE_RDMA_WRITE
+            };
             let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
             if imm.is_some() {
                 status |= STATUS_IMMEDIATE;
@@ -482,7 +528,9 @@ impl Vi {
                     .segs
                     .iter()
                     // SAFETY: validated against the registry when posted.
-                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) })
+                    .map(|s| unsafe {
+                        std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize)
+                    })
                     .collect();
                 length = rx.read_payload(&mut dst) as u32;
             }
@@ -497,7 +545,11 @@ impl Vi {
     fn flush(&self, q: &mut RecvQueue) {
         let mut n = 0;
         for item in q.items.iter_mut().skip(q.done) {
-            let bits = if item.error != 0 { item.error } else { STATUS_DESC_FLUSHED_ERROR };
+            let bits = if item.error != 0 {
+                item.error
+            } else {
+                STATUS_DESC_FLUSHED_ERROR
+            };
             item.desc.complete(STATUS_OP_RECEIVE | bits, 0, None);
             item.done = true;
             n += 1;
@@ -586,11 +638,15 @@ impl Vi {
                 };
                 desc.complete(op | bits, 0, None);
                 if reliable(attrs.reliability) {
-                    broken = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+                    broken = Some(Break {
+                        mine: error_code::POST_DESC,
+                        theirs: error_code::CONN_LOST,
+                    });
                 }
             }
             (Some(conn), Ok(wr)) => {
-                let (status, length, why) = execute(conn, &wr, reliable(attrs.reliability), attrs.reliability);
+                let (status, length, why) =
+                    execute(conn, &wr, reliable(attrs.reliability), attrs.reliability);
                 desc.complete(wr.op.status_bits(false) | status, length, None);
                 broken = why;
             }
@@ -624,7 +680,11 @@ impl Vi {
                 return Err(ViaError::Timeout);
             }
             self.sleepers.fetch_add(1, Ordering::AcqRel);
-            futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
+            futex::futex_wait(
+                &self.wake_word,
+                word,
+                Some(deadline.next_sleep(Duration::from_millis(50))),
+            );
             self.sleepers.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -633,14 +693,24 @@ impl Vi {
     pub(crate) fn wait_change(&self, deadline: &Deadline) {
         let word = self.wake_word.load(Ordering::Acquire);
         self.sleepers.fetch_add(1, Ordering::AcqRel);
-        futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
+        futex::futex_wait(
+            &self.wake_word,
+            word,
+            Some(deadline.next_sleep(Duration::from_millis(50))),
+        );
         self.sleepers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
     let tag = nic.ptag(attrs.ptag)?;
-    if ![SERVICE_UNRELIABLE, SERVICE_RELIABLE_DELIVERY, SERVICE_RELIABLE_RECEPTION].contains(&attrs.reliability) {
+    if ![
+        SERVICE_UNRELIABLE,
+        SERVICE_RELIABLE_DELIVERY,
+        SERVICE_RELIABLE_RECEPTION,
+    ]
+    .contains(&attrs.reliability)
+    {
         return Err(ViaError::InvalidReliabilityLevel);
     }
     if attrs.max_transfer == 0 || attrs.max_transfer > limits::MAX_TRANSFER_SIZE {
@@ -653,26 +723,46 @@ fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
 }
 
 fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
-    let segs: Vec<RecvSeg> = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len }).collect();
-    seg.my_recvs().publish(&segs).map_err(|_| ViaError::Resource)
+    let segs: Vec<RecvSeg> = segs
+        .iter()
+        .map(|s| RecvSeg {
+            addr: s.addr,
+            len: s.len,
+        })
+        .collect();
+    seg.my_recvs()
+        .publish(&segs)
+        .map_err(|_| ViaError::Resource)
 }
 
 fn local_slices(segs: &[LocalSeg]) -> Vec<IoSlice<'static>> {
     segs.iter()
         // SAFETY: validated against the registry when posted.
-        .map(|s| IoSlice::new(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) }))
+        .map(|s| {
+            IoSlice::new(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
+        })
         .collect()
 }
 
 fn local_slices_mut(segs: &[LocalSeg]) -> Vec<IoSliceMut<'static>> {
     segs.iter()
         // SAFETY: validated against the registry when posted.
-        .map(|s| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) }))
+        .map(|s| {
+            IoSliceMut::new(unsafe {
+                std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize)
+            })
+        })
         .collect()
 }
 
-const NO_RECV: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RECVQ_EMPTY };
-const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
+const NO_RECV: Break = Break {
+    mine: error_code::CONN_LOST,
+    theirs: error_code::RECVQ_EMPTY,
+};
+const LOST: Break = Break {
+    mine: error_code::CONN_LOST,
+    theirs: error_code::CONN_LOST,
+};
 
 /// Carries out one validated send-queue operation on a connection.
 /// Returns the status bits to add, the length, and whether the connection must break.
@@ -681,14 +771,21 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
     match wr.op {
         Op::SendRecv => deliver(conn, wr, SLOT_SEND, reliable, level),
         Op::RdmaWrite => {
-            let Some((addr, handle)) = wr.remote else { return (STATUS_FORMAT_ERROR, 0, None) };
+            let Some((addr, handle)) = wr.remote else {
+                return (STATUS_FORMAT_ERROR, 0, None);
+            };
             if !remote_allows(conn, addr, handle, wr.total, true) {
-                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
+                let why = reliable.then_some(Break {
+                    mine: error_code::CONN_LOST,
+                    theirs: error_code::RDMAW_PROT,
+                });
                 return (STATUS_RDMA_PROT_ERROR, 0, why);
             }
             if wr.total > 0 {
                 let remote = [(addr, wr.total as usize)];
-                if cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote).is_err() {
+                if cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote)
+                    .is_err()
+                {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
             }
@@ -699,14 +796,25 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
             (0, total, None)
         }
         Op::RdmaRead => {
-            let Some((addr, handle)) = wr.remote else { return (STATUS_FORMAT_ERROR, 0, None) };
+            let Some((addr, handle)) = wr.remote else {
+                return (STATUS_FORMAT_ERROR, 0, None);
+            };
             if !remote_allows(conn, addr, handle, wr.total, false) {
-                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAR_PROT });
+                let why = reliable.then_some(Break {
+                    mine: error_code::CONN_LOST,
+                    theirs: error_code::RDMAR_PROT,
+                });
                 return (STATUS_RDMA_PROT_ERROR, 0, why);
             }
             if wr.total > 0 {
                 let remote = [(addr, wr.total as usize)];
-                if cma::read_remote(conn.peer.pid as i32, &mut local_slices_mut(&wr.segs), &remote).is_err() {
+                if cma::read_remote(
+                    conn.peer.pid as i32,
+                    &mut local_slices_mut(&wr.segs),
+                    &remote,
+                )
+                .is_err()
+                {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
             }
@@ -716,7 +824,13 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
 }
 
 /// Consumes the peer's next posted receive for a send (or RDMA write with immediate data).
-fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16) -> (u32, u32, Option<Break>) {
+fn deliver(
+    conn: &Conn,
+    wr: &WorkRequest,
+    kind: u32,
+    reliable: bool,
+    level: u16,
+) -> (u32, u32, Option<Break>) {
     let total = wr.total;
     let entry = match conn.seg.peer_recvs().take() {
         Ok(Some(e)) => e,
@@ -729,7 +843,11 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         length: total as u32,
         recv_seq: entry.seq,
         imm: wr.immediate.unwrap_or(0),
-        flags: if wr.immediate.is_some() { FLAG_IMMEDIATE } else { 0 },
+        flags: if wr.immediate.is_some() {
+            FLAG_IMMEDIATE
+        } else {
+            0
+        },
         ..Default::default()
     };
     let mut result = (0, total as u32, None);
@@ -738,15 +856,30 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         hdr.status = STATUS_LENGTH_ERROR;
         hdr.length = 0;
         if reliable {
-            let bits = if level == SERVICE_RELIABLE_RECEPTION { STATUS_REMOTE_DESC_ERROR } else { 0 };
+            let bits = if level == SERVICE_RELIABLE_RECEPTION {
+                STATUS_REMOTE_DESC_ERROR
+            } else {
+                0
+            };
             result = (bits, total as u32, Some(LOST));
         }
-    } else if kind == SLOT_SEND && total as usize <= inline_max() && level != SERVICE_RELIABLE_RECEPTION {
+    } else if kind == SLOT_SEND
+        && total as usize <= inline_max()
+        && level != SERVICE_RELIABLE_RECEPTION
+    {
         hdr.flags |= FLAG_INLINE;
         // SAFETY: validated against the registry when posted.
-        payload = wr.segs.iter().map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) }).collect();
+        payload = wr
+            .segs
+            .iter()
+            .map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
+            .collect();
     } else if kind == SLOT_SEND && total > 0 {
-        let remote: Vec<(u64, usize)> = entry.segs().iter().map(|s| (s.addr, s.len as usize)).collect();
+        let remote: Vec<(u64, usize)> = entry
+            .segs()
+            .iter()
+            .map(|s| (s.addr, s.len as usize))
+            .collect();
         match cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote) {
             Ok(n) if n as u64 == total => {}
             _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
@@ -756,7 +889,14 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
     }
     if conn.peer.recv_cq != NO_CQ {
-        conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
+        conn.peer_inbox.push(
+            conn.peer.recv_cq as usize,
+            CqEntry {
+                vi: conn.peer.vi,
+                recv: true,
+            }
+            .encode(),
+        );
     }
     result
 }
@@ -765,7 +905,11 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
 fn inline_max() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
-        std::env::var("VIA_INLINE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(INLINE_MAX).min(INLINE_MAX)
+        std::env::var("VIA_INLINE_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(INLINE_MAX)
+            .min(INLINE_MAX)
     })
 }
 
@@ -775,13 +919,25 @@ fn remote_allows(conn: &Conn, addr: u64, handle: u32, len: u64, write: bool) -> 
     if (write && !peer.rdma_write) || (!write && !peer.rdma_read) {
         return false;
     }
-    let Some(at) = slot_address(peer.registry, handle) else { return false };
+    let Some(at) = slot_address(peer.registry, handle) else {
+        return false;
+    };
     let mut bytes = [0u8; REGION_SLOT_BYTES];
-    let read = cma::read_remote(peer.pid as i32, &mut [IoSliceMut::new(&mut bytes)], &[(at, REGION_SLOT_BYTES)]);
+    let read = cma::read_remote(
+        peer.pid as i32,
+        &mut [IoSliceMut::new(&mut bytes)],
+        &[(at, REGION_SLOT_BYTES)],
+    );
     if !matches!(read, Ok(REGION_SLOT_BYTES)) {
         return false;
     }
-    let Some(region) = Region::from_remote_slot(&bytes, handle) else { return false };
-    let flag = if write { REGION_RDMA_WRITE } else { REGION_RDMA_READ };
+    let Some(region) = Region::from_remote_slot(&bytes, handle) else {
+        return false;
+    };
+    let flag = if write {
+        REGION_RDMA_WRITE
+    } else {
+        REGION_RDMA_READ
+    };
     region.ptag == peer.ptag && region.flags & flag != 0 && region.contains(addr, len)
 }

@@ -8,7 +8,7 @@ use via_core::consts::limits;
 use via_core::ViaError;
 use via_provider::connect::{self, NetAddress};
 use via_provider::endpoint::Endpoint;
-use via_provider::{Nic, ViAttrs, Vi, ViaResult};
+use via_provider::{Nic, Vi, ViAttrs, ViaResult};
 
 /// Reads a `VIP_NET_ADDRESS` (host address, then discriminator).
 unsafe fn read_addr(addr: *const VIP_NET_ADDRESS) -> ViaResult<NetAddress> {
@@ -19,7 +19,10 @@ unsafe fn read_addr(addr: *const VIP_NET_ADDRESS) -> ViaResult<NetAddress> {
         return Err(ViaError::InvalidParameter);
     }
     let bytes = std::slice::from_raw_parts(std::ptr::addr_of!(a.HostAddress) as *const u8, hl + dl);
-    Ok(NetAddress { host: bytes[..hl].to_vec(), disc: bytes[hl..].to_vec() })
+    Ok(NetAddress {
+        host: bytes[..hl].to_vec(),
+        disc: bytes[hl..].to_vec(),
+    })
 }
 
 unsafe fn write_addr(out: *mut VIP_NET_ADDRESS, host: &[u8], disc: &[u8]) {
@@ -58,7 +61,10 @@ pub unsafe extern "C" fn VipConnectWait(
         need(remote_attrs_out)?;
         need(conn)?;
         let handle = connect::connect_wait(&nic, &local, timeout as u64)?;
-        let pending = via_provider::provider().conns.get(handle).ok_or(ViaError::Resource)?;
+        let pending = via_provider::provider()
+            .conns
+            .get(handle)
+            .ok_or(ViaError::Resource)?;
         write_addr(remote, &pending.remote_host, &pending.remote_disc);
         put(remote_attrs_out, remote_attrs(&pending.peer))?;
         put(conn, p(handle))
@@ -124,11 +130,17 @@ unsafe fn peer_finish(vi: VIP_PVOID, out: *mut VIP_VI_ATTRIBUTES, wait: bool) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipConnectPeerDone(vi: VIP_PVOID, out: *mut VIP_VI_ATTRIBUTES) -> VIP_RETURN {
+pub unsafe extern "C" fn VipConnectPeerDone(
+    vi: VIP_PVOID,
+    out: *mut VIP_VI_ATTRIBUTES,
+) -> VIP_RETURN {
     call(|| peer_finish(vi, out, false))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipConnectPeerWait(vi: VIP_PVOID, out: *mut VIP_VI_ATTRIBUTES) -> VIP_RETURN {
+pub unsafe extern "C" fn VipConnectPeerWait(
+    vi: VIP_PVOID,
+    out: *mut VIP_VI_ATTRIBUTES,
+) -> VIP_RETURN {
     call(|| peer_finish(vi, out, true))
 }

@@ -1,0 +1,408 @@
+//! What the provider library calls: sessions, rendezvous requests, counters.
+//!
+//! Every call opens its own connection to the agent, so calls are thread-safe
+//! and share no state.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+pub use crate::device::{local_host_addrs, DeviceInfo};
+pub use crate::proto::Side;
+use crate::proto::{ConnectReq, ErrorKind, ListenReq, Reply, Request as ProtoRequest, FOREVER};
+use crate::{launch, sock};
+
+/// Abstract socket name of the agent unless `VIA_AGENT_SOCKET` says otherwise.
+pub const DEFAULT_SOCKET: &str = "openvia-viad";
+/// Environment variable naming the agent's abstract socket.
+pub const SOCKET_ENV: &str = "VIA_AGENT_SOCKET";
+/// Extra time the client waits beyond a request's own timeout for the agent's answer.
+const REPLY_GRACE: Duration = Duration::from_secs(5);
+/// How long the client retries connecting after starting the agent.
+const START_WAIT: Duration = Duration::from_secs(3);
+
+/// Why a call to the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No agent answers and none could be started.
+    #[error("VI agent unavailable: {0}")]
+    Unavailable(String),
+    /// The device name does not name a VI device of this host.
+    #[error("unknown VI device: {0}")]
+    UnknownDevice(String),
+    /// Nothing matched before the request's timeout.
+    #[error("no matching connection request")]
+    NoMatch,
+    /// The host address is not this host.
+    #[error("host address not reachable")]
+    Unreachable,
+    /// The wait timed out.
+    #[error("timed out")]
+    Timeout,
+    /// A malformed or unexpected message, or a refused request.
+    #[error("VI agent protocol error: {0}")]
+    Protocol(String),
+    /// An I/O error on the agent connection.
+    #[error("VI agent I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// An open device: keeps its connection to the agent open while it lives.
+#[derive(Debug)]
+pub struct Session {
+    _conn: OwnedFd,
+}
+
+impl Session {
+    /// Opens a session for `device` with the agent named by the environment,
+    /// starting the agent if none runs.
+    pub fn open(device: &str) -> Result<(Session, DeviceInfo), AgentError> {
+        Agent::from_env().open_session(device)
+    }
+}
+
+/// What a matched connection hands each side.
+#[derive(Debug)]
+pub struct ConnFds {
+    /// The connection segment (a memfd), the same file on both sides.
+    pub segment: OwnedFd,
+    /// This side's end of the connection's socket pair.
+    pub socket: OwnedFd,
+    /// The other side's CQ inbox.
+    pub peer_inbox: OwnedFd,
+}
+
+/// A connection request delivered to a listener.
+#[derive(Debug)]
+pub struct Incoming {
+    /// Host address of the requester.
+    pub remote_host: Vec<u8>,
+    /// Discriminator of the requester.
+    pub remote_disc: Vec<u8>,
+    /// The requester's info blob.
+    pub remote_info: Vec<u8>,
+    /// The connection's resources.
+    pub fds: ConnFds,
+}
+
+/// A matched connect or peer request.
+#[derive(Debug)]
+pub struct Matched {
+    /// Which side this process is.
+    pub side: Side,
+    /// The other side's info blob.
+    pub remote_info: Vec<u8>,
+    /// The connection's resources.
+    pub fds: ConnFds,
+}
+
+/// A connect or peer request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// Host address of the requesting device.
+    pub local_host: &'a [u8],
+    /// Discriminator of the requesting endpoint.
+    pub local_disc: &'a [u8],
+    /// Host address asked for.
+    pub remote_host: &'a [u8],
+    /// Discriminator asked for.
+    pub remote_disc: &'a [u8],
+    /// Opaque blob handed to the other side.
+    pub info: &'a [u8],
+    /// This process's CQ inbox, handed to the other side.
+    pub inbox: BorrowedFd<'a>,
+    /// Size of the connection segment wanted.
+    pub segment_bytes: u64,
+}
+
+/// The socket name from `VIA_AGENT_SOCKET`, or [`DEFAULT_SOCKET`].
+pub fn socket_name() -> String {
+    std::env::var(SOCKET_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| DEFAULT_SOCKET.to_string())
+}
+
+/// Waits for one connection request for `disc` on `host`. None timeout = for ever.
+/// Err(Timeout) when it passes.
+pub fn listen(
+    host: &[u8],
+    disc: &[u8],
+    info: &[u8],
+    inbox: BorrowedFd,
+    timeout: Option<Duration>,
+) -> Result<Incoming, AgentError> {
+    Agent::from_env().listen(host, disc, info, inbox, timeout)
+}
+
+/// Asks for a listener; on success this process is side A.
+pub fn connect(req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
+    Agent::from_env().connect(req, timeout)
+}
+
+/// Asks for the mirror-image peer request.
+pub fn peer_connect(req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
+    Agent::from_env().peer_connect(req, timeout)
+}
+
+/// The running agent's counters; does not start an agent.
+pub fn stats() -> Result<Vec<(String, u64)>, AgentError> {
+    Agent::from_env().stats()
+}
+
+/// Asks the running agent to exit; does not start an agent.
+pub fn stop() -> Result<(), AgentError> {
+    Agent::from_env().stop()
+}
+
+/// A handle on one agent, by socket name.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    socket: String,
+    autostart: bool,
+}
+
+impl Agent {
+    /// The agent named by `VIA_AGENT_SOCKET`, started on demand.
+    pub fn from_env() -> Agent {
+        Agent {
+            socket: socket_name(),
+            autostart: true,
+        }
+    }
+
+    /// The agent on abstract socket `name`, not started on demand.
+    pub fn with_socket(name: &str) -> Agent {
+        Agent {
+            socket: name.to_string(),
+            autostart: false,
+        }
+    }
+
+    /// Sets whether a missing agent is started on demand.
+    pub fn autostart(mut self, on: bool) -> Agent {
+        self.autostart = on;
+        self
+    }
+
+    /// The abstract socket name.
+    pub fn socket(&self) -> &str {
+        &self.socket
+    }
+
+    /// Opens a session for `device`; see [`Session::open`].
+    pub fn open_session(&self, device: &str) -> Result<(Session, DeviceInfo), AgentError> {
+        let hello = ProtoRequest::Hello {
+            device: device.to_string(),
+        };
+        let (conn, reply, _) = self.call(&hello, &[], Some(REPLY_GRACE), self.autostart)?;
+        match reply {
+            Reply::Device {
+                name,
+                interface,
+                host_addr,
+                mtu,
+            } => Ok((
+                Session { _conn: conn },
+                DeviceInfo {
+                    name,
+                    interface,
+                    host_addr,
+                    mtu,
+                },
+            )),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Waits for one connection request; see [`listen`].
+    pub fn listen(
+        &self,
+        host: &[u8],
+        disc: &[u8],
+        info: &[u8],
+        inbox: BorrowedFd,
+        timeout: Option<Duration>,
+    ) -> Result<Incoming, AgentError> {
+        let req = ProtoRequest::Listen(ListenReq {
+            host: host.to_vec(),
+            disc: disc.to_vec(),
+            info: info.to_vec(),
+            timeout_ms: timeout.map_or(FOREVER, millis),
+            pid: std::process::id(),
+        });
+        let wait = timeout.and_then(|t| t.checked_add(REPLY_GRACE));
+        let (_, reply, fds) = self.call(&req, &[inbox], wait, self.autostart)?;
+        match reply {
+            Reply::Incoming {
+                remote_host,
+                remote_disc,
+                remote_info,
+            } => Ok(Incoming {
+                remote_host,
+                remote_disc,
+                remote_info,
+                fds: conn_fds(fds)?,
+            }),
+            // The agent ends an unanswered listen at its timeout.
+            Reply::NoMatch => Err(AgentError::Timeout),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Asks for a listener; see [`connect`].
+    pub fn connect(&self, req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
+        self.rendezvous(
+            ProtoRequest::Connect(connect_req(req, timeout)),
+            req.inbox,
+            timeout,
+        )
+    }
+
+    /// Asks for the mirror-image peer request; see [`peer_connect`].
+    pub fn peer_connect(&self, req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
+        let peer = ProtoRequest::PeerConnect(connect_req(req, timeout));
+        self.rendezvous(peer, req.inbox, timeout)
+    }
+
+    /// The agent's counters, by name.
+    pub fn stats(&self) -> Result<Vec<(String, u64)>, AgentError> {
+        match self
+            .call(&ProtoRequest::Stats, &[], Some(REPLY_GRACE), false)?
+            .1
+        {
+            Reply::Stats(counters) => Ok(counters),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Asks the agent to exit.
+    pub fn stop(&self) -> Result<(), AgentError> {
+        match self
+            .call(&ProtoRequest::Stop, &[], Some(REPLY_GRACE), false)?
+            .1
+        {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn rendezvous(
+        &self,
+        req: ProtoRequest,
+        inbox: BorrowedFd,
+        timeout: Duration,
+    ) -> Result<Matched, AgentError> {
+        let wait = timeout.checked_add(REPLY_GRACE);
+        let (_, reply, fds) = self.call(&req, &[inbox], wait, self.autostart)?;
+        let (side, remote_info) = match reply {
+            Reply::Matched { remote_info } if matches!(req, ProtoRequest::Connect(_)) => {
+                (Side::A, remote_info)
+            }
+            Reply::PeerMatched { side, remote_info }
+                if matches!(req, ProtoRequest::PeerConnect(_)) =>
+            {
+                (side, remote_info)
+            }
+            Reply::NoMatch => return Err(AgentError::NoMatch),
+            Reply::Unreachable => return Err(AgentError::Unreachable),
+            other => return Err(unexpected(&other)),
+        };
+        Ok(Matched {
+            side,
+            remote_info,
+            fds: conn_fds(fds)?,
+        })
+    }
+
+    /// Sends one request and waits up to `wait` for its reply.
+    fn call(
+        &self,
+        req: &ProtoRequest,
+        fds: &[BorrowedFd],
+        wait: Option<Duration>,
+        autostart: bool,
+    ) -> Result<(OwnedFd, Reply, Vec<OwnedFd>), AgentError> {
+        let bytes = req
+            .encode()
+            .map_err(|e| AgentError::Protocol(e.to_string()))?;
+        let conn = self.open(autostart)?;
+        sock::send(conn.as_fd(), &bytes, fds)?;
+        if !sock::wait_readable(conn.as_fd(), wait)? {
+            return Err(AgentError::Timeout);
+        }
+        let msg = sock::recv(conn.as_fd())?
+            .ok_or_else(|| AgentError::Unavailable("the agent closed the connection".into()))?;
+        if msg.truncated {
+            return Err(AgentError::Protocol("truncated reply".into()));
+        }
+        match Reply::decode(&msg.data).map_err(|e| AgentError::Protocol(e.to_string()))? {
+            Reply::Error {
+                kind: ErrorKind::UnknownDevice,
+                message,
+            } => Err(AgentError::UnknownDevice(message)),
+            Reply::Error { message, .. } => Err(AgentError::Protocol(message)),
+            reply => Ok((conn, reply, msg.fds)),
+        }
+    }
+
+    /// Connects to the agent, starting it first if allowed and nobody answers.
+    fn open(&self, autostart: bool) -> Result<OwnedFd, AgentError> {
+        let unavailable = |e: io::Error| AgentError::Unavailable(format!("@{}: {e}", self.socket));
+        match sock::connect(&self.socket) {
+            Ok(fd) => return Ok(fd),
+            // A full backlog means the agent runs but is busy: retry only.
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+            Err(e) if !autostart || !absent(&e) => return Err(unavailable(e)),
+            Err(_) => launch::start(&self.socket)?,
+        }
+        let deadline = Instant::now() + START_WAIT;
+        loop {
+            match sock::connect(&self.socket) {
+                Ok(fd) => return Ok(fd),
+                Err(e) if Instant::now() >= deadline => return Err(unavailable(e)),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+}
+
+/// Whether a connect error means nobody listens on the name.
+fn absent(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNREFUSED) | Some(libc::ENOENT)
+    )
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(FOREVER)
+}
+
+fn connect_req(req: &Request, timeout: Duration) -> ConnectReq {
+    ConnectReq {
+        local_host: req.local_host.to_vec(),
+        local_disc: req.local_disc.to_vec(),
+        remote_host: req.remote_host.to_vec(),
+        remote_disc: req.remote_disc.to_vec(),
+        info: req.info.to_vec(),
+        timeout_ms: millis(timeout),
+        segment_bytes: req.segment_bytes,
+        pid: std::process::id(),
+    }
+}
+
+fn conn_fds(fds: Vec<OwnedFd>) -> Result<ConnFds, AgentError> {
+    let Ok([segment, socket, peer_inbox]) = <[OwnedFd; 3]>::try_from(fds) else {
+        return Err(AgentError::Protocol("expected 3 descriptors".into()));
+    };
+    Ok(ConnFds {
+        segment,
+        socket,
+        peer_inbox,
+    })
+}
+
+fn unexpected(reply: &Reply) -> AgentError {
+    AgentError::Protocol(format!("unexpected reply {reply:?}"))
+}

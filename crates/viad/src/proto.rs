@@ -1,0 +1,623 @@
+//! Wire format of the control protocol between clients and the agent.
+//!
+//! Every message is one `SOCK_SEQPACKET` datagram: a version byte, a tag byte,
+//! then the fields in order.  Integers are little-endian, byte strings carry a
+//! 16-bit length.  File descriptors travel beside the message (`SCM_RIGHTS`).
+
+use thiserror::Error;
+
+/// Protocol version carried in the first byte of every message.
+pub const VERSION: u8 = 1;
+/// Largest message either side sends or accepts.
+pub const MAX_MESSAGE: usize = 4096;
+/// Largest discriminator (VIA `MaxDiscriminatorLen`).
+pub const MAX_DISC: usize = 64;
+/// Largest opaque connection info blob forwarded between the two sides.
+pub const MAX_INFO: usize = 1024;
+/// Largest host address.
+pub const MAX_HOST: usize = 16;
+/// Largest device name, interface name, counter name or error text.
+pub const MAX_TEXT: usize = 256;
+/// Largest connection segment the agent creates.
+pub const MAX_SEGMENT_BYTES: u64 = 256 << 20;
+/// Largest number of counters in a stats reply.
+pub const MAX_STATS: usize = 64;
+/// A timeout in milliseconds that never passes.
+pub const FOREVER: u64 = u64::MAX;
+
+/// A message that cannot be encoded or decoded.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("malformed message: {0}")]
+pub struct ProtoError(pub &'static str);
+
+/// A listen request (`VipConnectWait`).  One fd travels with it: the inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenReq {
+    /// Host address of the listening device.
+    pub host: Vec<u8>,
+    /// Discriminator to wait for.
+    pub disc: Vec<u8>,
+    /// Opaque blob handed to the requester.
+    pub info: Vec<u8>,
+    /// How long the agent keeps the listen, in ms; `FOREVER` for ever.
+    pub timeout_ms: u64,
+    /// Process id of the caller (for logs).
+    pub pid: u32,
+}
+
+/// A client-server or peer connection request.  One fd travels with it: the inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectReq {
+    /// Host address of the requesting device.
+    pub local_host: Vec<u8>,
+    /// Discriminator of the requesting endpoint.
+    pub local_disc: Vec<u8>,
+    /// Host address asked for.
+    pub remote_host: Vec<u8>,
+    /// Discriminator asked for.
+    pub remote_disc: Vec<u8>,
+    /// Opaque blob handed to the other side.
+    pub info: Vec<u8>,
+    /// How long to wait for a match, in ms; `FOREVER` for ever.
+    pub timeout_ms: u64,
+    /// Size of the connection segment wanted.
+    pub segment_bytes: u64,
+    /// Process id of the caller (for logs).
+    pub pid: u32,
+}
+
+/// A request from a client to the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Opens a session for a device; the connection stays open for the NIC's lifetime.
+    Hello {
+        /// Device name as given to `VipOpenNic`.
+        device: String,
+    },
+    /// Waits for one connection request.
+    Listen(ListenReq),
+    /// Asks for a listener (client-server model).
+    Connect(ConnectReq),
+    /// Asks for the mirror-image peer request (peer-to-peer model).
+    PeerConnect(ConnectReq),
+    /// Asks for the counters.
+    Stats,
+    /// Asks the agent to exit.
+    Stop,
+}
+
+/// Which end of a connection a process got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The requester, or the earlier of two peers.
+    A,
+    /// The listener, or the later of two peers.
+    B,
+}
+
+/// Why the agent refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The device name does not resolve to a VI device of this host.
+    UnknownDevice,
+    /// The request was acceptable on the wire but not otherwise.
+    Invalid,
+}
+
+/// A reply from the agent.  `Incoming`, `Matched` and `PeerMatched` carry three
+/// fds: the connection segment, this side's socket-pair end, the peer's inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// The device a `Hello` resolved to.
+    Device {
+        /// Canonical device name.
+        name: String,
+        /// Network interface behind it.
+        interface: String,
+        /// Host address of the device.
+        host_addr: Vec<u8>,
+        /// Interface MTU.
+        mtu: u32,
+    },
+    /// A request matched a listen (sent to the listener).
+    Incoming {
+        /// Host address of the requester.
+        remote_host: Vec<u8>,
+        /// Discriminator of the requester.
+        remote_disc: Vec<u8>,
+        /// The requester's info blob.
+        remote_info: Vec<u8>,
+    },
+    /// A connect request matched a listener (sent to the requester).
+    Matched {
+        /// The listener's info blob.
+        remote_info: Vec<u8>,
+    },
+    /// A peer request matched its mirror image.
+    PeerMatched {
+        /// This side.
+        side: Side,
+        /// The other peer's info blob.
+        remote_info: Vec<u8>,
+    },
+    /// Nothing matched before the timeout.
+    NoMatch,
+    /// The host address asked for is not this host.
+    Unreachable,
+    /// Counters, by name.
+    Stats(Vec<(String, u64)>),
+    /// The request was carried out.
+    Done,
+    /// The request was refused.
+    Error {
+        /// Why.
+        kind: ErrorKind,
+        /// Human-readable detail.
+        message: String,
+    },
+}
+
+struct Writer {
+    buf: Vec<u8>,
+    err: Option<ProtoError>,
+}
+
+impl Writer {
+    fn new(tag: u8) -> Self {
+        Writer {
+            buf: vec![VERSION, tag],
+            err: None,
+        }
+    }
+    fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, b: &[u8], max: usize, what: &'static str) {
+        if b.len() > max {
+            self.err.get_or_insert(ProtoError(what));
+            return;
+        }
+        self.buf.extend_from_slice(&(b.len() as u16).to_le_bytes());
+        self.buf.extend_from_slice(b);
+    }
+    fn finish(self) -> Result<Vec<u8>, ProtoError> {
+        match self.err {
+            Some(e) => Err(e),
+            None if self.buf.len() > MAX_MESSAGE => Err(ProtoError("message too long")),
+            None => Ok(self.buf),
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// Checks the envelope and returns the reader positioned after the tag.
+    fn open(buf: &'a [u8]) -> Result<(Self, u8), ProtoError> {
+        if buf.len() > MAX_MESSAGE {
+            return Err(ProtoError("message too long"));
+        }
+        let mut r = Reader { buf };
+        if r.u8()? != VERSION {
+            return Err(ProtoError("unknown protocol version"));
+        }
+        let tag = r.u8()?;
+        Ok((r, tag))
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        if self.buf.len() < n {
+            return Err(ProtoError("truncated"));
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, ProtoError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, ProtoError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().unwrap_or_default(),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, ProtoError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().unwrap_or_default(),
+        ))
+    }
+    fn bytes(&mut self, max: usize, what: &'static str) -> Result<Vec<u8>, ProtoError> {
+        let len = u16::from_le_bytes([self.u8()?, self.u8()?]) as usize;
+        if len > max {
+            return Err(ProtoError(what));
+        }
+        Ok(self.take(len)?.to_vec())
+    }
+    fn text(&mut self) -> Result<String, ProtoError> {
+        String::from_utf8(self.bytes(MAX_TEXT, "text too long")?)
+            .map_err(|_| ProtoError("text is not UTF-8"))
+    }
+    fn end(self) -> Result<(), ProtoError> {
+        match self.buf.is_empty() {
+            true => Ok(()),
+            false => Err(ProtoError("trailing bytes")),
+        }
+    }
+}
+
+fn put_connect(w: &mut Writer, c: &ConnectReq) {
+    w.bytes(&c.local_host, MAX_HOST, "host address too long");
+    w.bytes(&c.local_disc, MAX_DISC, "discriminator too long");
+    w.bytes(&c.remote_host, MAX_HOST, "host address too long");
+    w.bytes(&c.remote_disc, MAX_DISC, "discriminator too long");
+    w.bytes(&c.info, MAX_INFO, "info too long");
+    w.u64(c.timeout_ms);
+    if c.segment_bytes > MAX_SEGMENT_BYTES {
+        w.err.get_or_insert(ProtoError("segment too large"));
+    }
+    w.u64(c.segment_bytes);
+    w.u32(c.pid);
+}
+
+fn get_connect(r: &mut Reader) -> Result<ConnectReq, ProtoError> {
+    let c = ConnectReq {
+        local_host: r.bytes(MAX_HOST, "host address too long")?,
+        local_disc: r.bytes(MAX_DISC, "discriminator too long")?,
+        remote_host: r.bytes(MAX_HOST, "host address too long")?,
+        remote_disc: r.bytes(MAX_DISC, "discriminator too long")?,
+        info: r.bytes(MAX_INFO, "info too long")?,
+        timeout_ms: r.u64()?,
+        segment_bytes: r.u64()?,
+        pid: r.u32()?,
+    };
+    match c.segment_bytes > MAX_SEGMENT_BYTES {
+        true => Err(ProtoError("segment too large")),
+        false => Ok(c),
+    }
+}
+
+impl Request {
+    /// Encodes the request; fails if a field is over its limit.
+    pub fn encode(&self) -> Result<Vec<u8>, ProtoError> {
+        let mut w;
+        match self {
+            Request::Hello { device } => {
+                w = Writer::new(1);
+                w.bytes(device.as_bytes(), MAX_TEXT, "device name too long");
+            }
+            Request::Listen(l) => {
+                w = Writer::new(2);
+                w.bytes(&l.host, MAX_HOST, "host address too long");
+                w.bytes(&l.disc, MAX_DISC, "discriminator too long");
+                w.bytes(&l.info, MAX_INFO, "info too long");
+                w.u64(l.timeout_ms);
+                w.u32(l.pid);
+            }
+            Request::Connect(c) => {
+                w = Writer::new(3);
+                put_connect(&mut w, c);
+            }
+            Request::PeerConnect(c) => {
+                w = Writer::new(4);
+                put_connect(&mut w, c);
+            }
+            Request::Stats => w = Writer::new(5),
+            Request::Stop => w = Writer::new(6),
+        }
+        w.finish()
+    }
+
+    /// Decodes one request, validating every length.
+    pub fn decode(buf: &[u8]) -> Result<Request, ProtoError> {
+        let (mut r, tag) = Reader::open(buf)?;
+        let req = match tag {
+            1 => Request::Hello { device: r.text()? },
+            2 => Request::Listen(ListenReq {
+                host: r.bytes(MAX_HOST, "host address too long")?,
+                disc: r.bytes(MAX_DISC, "discriminator too long")?,
+                info: r.bytes(MAX_INFO, "info too long")?,
+                timeout_ms: r.u64()?,
+                pid: r.u32()?,
+            }),
+            3 => Request::Connect(get_connect(&mut r)?),
+            4 => Request::PeerConnect(get_connect(&mut r)?),
+            5 => Request::Stats,
+            6 => Request::Stop,
+            _ => return Err(ProtoError("unknown request")),
+        };
+        r.end()?;
+        Ok(req)
+    }
+}
+
+impl Reply {
+    /// Encodes the reply; fails if a field is over its limit.
+    pub fn encode(&self) -> Result<Vec<u8>, ProtoError> {
+        let mut w;
+        match self {
+            Reply::Device {
+                name,
+                interface,
+                host_addr,
+                mtu,
+            } => {
+                w = Writer::new(0x81);
+                w.bytes(name.as_bytes(), MAX_TEXT, "device name too long");
+                w.bytes(interface.as_bytes(), MAX_TEXT, "interface name too long");
+                w.bytes(host_addr, MAX_HOST, "host address too long");
+                w.u32(*mtu);
+            }
+            Reply::Incoming {
+                remote_host,
+                remote_disc,
+                remote_info,
+            } => {
+                w = Writer::new(0x82);
+                w.bytes(remote_host, MAX_HOST, "host address too long");
+                w.bytes(remote_disc, MAX_DISC, "discriminator too long");
+                w.bytes(remote_info, MAX_INFO, "info too long");
+            }
+            Reply::Matched { remote_info } => {
+                w = Writer::new(0x83);
+                w.bytes(remote_info, MAX_INFO, "info too long");
+            }
+            Reply::PeerMatched { side, remote_info } => {
+                w = Writer::new(0x84);
+                w.u8(matches!(side, Side::B) as u8);
+                w.bytes(remote_info, MAX_INFO, "info too long");
+            }
+            Reply::NoMatch => w = Writer::new(0x85),
+            Reply::Unreachable => w = Writer::new(0x86),
+            Reply::Stats(counters) => {
+                w = Writer::new(0x87);
+                if counters.len() > MAX_STATS {
+                    w.err.get_or_insert(ProtoError("too many counters"));
+                }
+                w.u8(counters.len() as u8);
+                for (name, value) in counters {
+                    w.bytes(name.as_bytes(), MAX_TEXT, "counter name too long");
+                    w.u64(*value);
+                }
+            }
+            Reply::Done => w = Writer::new(0x88),
+            Reply::Error { kind, message } => {
+                w = Writer::new(0x89);
+                w.u8(match kind {
+                    ErrorKind::UnknownDevice => 1,
+                    ErrorKind::Invalid => 2,
+                });
+                // Error text is advisory: cut it rather than fail the reply.
+                let mut end = message.len().min(MAX_TEXT);
+                while !message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                w.bytes(&message.as_bytes()[..end], MAX_TEXT, "error text too long");
+            }
+        }
+        w.finish()
+    }
+
+    /// Decodes one reply, validating every length.
+    pub fn decode(buf: &[u8]) -> Result<Reply, ProtoError> {
+        let (mut r, tag) = Reader::open(buf)?;
+        let reply = match tag {
+            0x81 => Reply::Device {
+                name: r.text()?,
+                interface: r.text()?,
+                host_addr: r.bytes(MAX_HOST, "host address too long")?,
+                mtu: r.u32()?,
+            },
+            0x82 => Reply::Incoming {
+                remote_host: r.bytes(MAX_HOST, "host address too long")?,
+                remote_disc: r.bytes(MAX_DISC, "discriminator too long")?,
+                remote_info: r.bytes(MAX_INFO, "info too long")?,
+            },
+            0x83 => Reply::Matched {
+                remote_info: r.bytes(MAX_INFO, "info too long")?,
+            },
+            0x84 => Reply::PeerMatched {
+                side: match r.u8()? {
+                    0 => Side::A,
+                    1 => Side::B,
+                    _ => return Err(ProtoError("bad side")),
+                },
+                remote_info: r.bytes(MAX_INFO, "info too long")?,
+            },
+            0x85 => Reply::NoMatch,
+            0x86 => Reply::Unreachable,
+            0x87 => {
+                let n = r.u8()? as usize;
+                if n > MAX_STATS {
+                    return Err(ProtoError("too many counters"));
+                }
+                let mut counters = Vec::with_capacity(n);
+                for _ in 0..n {
+                    counters.push((r.text()?, r.u64()?));
+                }
+                Reply::Stats(counters)
+            }
+            0x88 => Reply::Done,
+            0x89 => Reply::Error {
+                kind: match r.u8()? {
+                    1 => ErrorKind::UnknownDevice,
+                    2 => ErrorKind::Invalid,
+                    _ => return Err(ProtoError("bad error kind")),
+                },
+                message: r.text()?,
+            },
+            _ => return Err(ProtoError("unknown reply")),
+        };
+        r.end()?;
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connect_req() -> ConnectReq {
+        ConnectReq {
+            local_host: vec![127, 0, 0, 1],
+            local_disc: b"client".to_vec(),
+            remote_host: vec![10, 0, 0, 2],
+            remote_disc: vec![0xff; MAX_DISC],
+            info: vec![7; MAX_INFO],
+            timeout_ms: FOREVER,
+            segment_bytes: MAX_SEGMENT_BYTES,
+            pid: 4242,
+        }
+    }
+
+    fn requests() -> Vec<Request> {
+        vec![
+            Request::Hello {
+                device: "/dev/via_lo".into(),
+            },
+            Request::Listen(ListenReq {
+                host: vec![127, 0, 0, 1],
+                disc: b"svc".to_vec(),
+                info: vec![],
+                timeout_ms: 1500,
+                pid: 1,
+            }),
+            Request::Connect(connect_req()),
+            Request::PeerConnect(connect_req()),
+            Request::Stats,
+            Request::Stop,
+        ]
+    }
+
+    fn replies() -> Vec<Reply> {
+        vec![
+            Reply::Device {
+                name: "via_lo".into(),
+                interface: "lo".into(),
+                host_addr: vec![127, 0, 0, 1],
+                mtu: 65536,
+            },
+            Reply::Incoming {
+                remote_host: vec![1, 2, 3, 4],
+                remote_disc: b"d".to_vec(),
+                remote_info: vec![9; 100],
+            },
+            Reply::Matched {
+                remote_info: vec![],
+            },
+            Reply::PeerMatched {
+                side: Side::B,
+                remote_info: b"x".to_vec(),
+            },
+            Reply::NoMatch,
+            Reply::Unreachable,
+            Reply::Stats(vec![("sessions".into(), 3), ("uptime_seconds".into(), 9)]),
+            Reply::Done,
+            Reply::Error {
+                kind: ErrorKind::UnknownDevice,
+                message: "no such device".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trips() {
+        for req in requests() {
+            assert_eq!(Request::decode(&req.encode().unwrap()).unwrap(), req);
+        }
+        for reply in replies() {
+            assert_eq!(Reply::decode(&reply.encode().unwrap()).unwrap(), reply);
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_rejected() {
+        for req in requests() {
+            let buf = req.encode().unwrap();
+            for n in 0..buf.len() {
+                assert!(Request::decode(&buf[..n]).is_err(), "{req:?} cut at {n}");
+            }
+        }
+        for reply in replies() {
+            let buf = reply.encode().unwrap();
+            for n in 0..buf.len() {
+                assert!(Reply::decode(&buf[..n]).is_err(), "{reply:?} cut at {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_version_and_tag_are_checked() {
+        let mut buf = Request::Stats.encode().unwrap();
+        buf.push(0);
+        assert_eq!(Request::decode(&buf), Err(ProtoError("trailing bytes")));
+        assert!(Request::decode(&[VERSION + 1, 5]).is_err());
+        assert!(Request::decode(&[VERSION, 0x77]).is_err());
+        assert!(Reply::decode(&[VERSION, 5]).is_err());
+        assert!(Reply::decode(&[VERSION, 0x84, 2, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn oversized_fields_are_refused_both_ways() {
+        let mut c = connect_req();
+        c.remote_disc = vec![0; MAX_DISC + 1];
+        assert!(Request::Connect(c).encode().is_err());
+        let mut c = connect_req();
+        c.info = vec![0; MAX_INFO + 1];
+        assert!(Request::PeerConnect(c).encode().is_err());
+        let mut c = connect_req();
+        c.segment_bytes = MAX_SEGMENT_BYTES + 1;
+        assert!(Request::Connect(c).encode().is_err());
+
+        // Hand-made: a discriminator length of 65 on the wire.
+        let mut buf = vec![VERSION, 2, 4, 0, 127, 0, 0, 1, MAX_DISC as u8 + 1, 0];
+        buf.extend_from_slice(&[0; MAX_DISC + 1]);
+        assert_eq!(
+            Request::decode(&buf),
+            Err(ProtoError("discriminator too long"))
+        );
+        // A segment over the limit on the wire.
+        let mut buf = Request::Connect(connect_req()).encode().unwrap();
+        let at = buf.len() - 12;
+        buf[at..at + 8].copy_from_slice(&(MAX_SEGMENT_BYTES + 1).to_le_bytes());
+        assert_eq!(Request::decode(&buf), Err(ProtoError("segment too large")));
+        assert!(Request::decode(&vec![VERSION; MAX_MESSAGE + 1]).is_err());
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        // A small deterministic generator keeps the test reproducible.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for round in 0..20_000 {
+            let len = round % 64;
+            let buf: Vec<u8> = (0..len)
+                .map(|i| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if i == 0 {
+                        VERSION
+                    } else {
+                        x as u8
+                    }
+                })
+                .collect();
+            let _ = Request::decode(&buf);
+            let _ = Reply::decode(&buf);
+        }
+        let err = Reply::Error {
+            kind: ErrorKind::Invalid,
+            message: "é".repeat(MAX_TEXT),
+        };
+        assert!(matches!(
+            Reply::decode(&err.encode().unwrap()),
+            Ok(Reply::Error { .. })
+        ));
+    }
+}

@@ -1,0 +1,434 @@
+//! End-to-end tests against the real `viad` binary, one agent per test.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use viad::client::{Agent, AgentError, ConnFds, Request, Side};
+use viad::proto::{self, ListenReq};
+use viad::sock;
+
+const LO: [u8; 4] = [127, 0, 0, 1];
+const VIAD: &str = env!("CARGO_BIN_EXE_viad");
+
+struct Viad {
+    child: Child,
+    agent: Agent,
+}
+
+impl Viad {
+    fn start(tag: &str, extra: &[&str]) -> Viad {
+        let name = format!("openvia-test-{}-{tag}", std::process::id());
+        let child = Command::new(VIAD)
+            .args(["--socket", &name, "--idle-timeout", "0"])
+            .args(extra)
+            .spawn()
+            .unwrap();
+        let agent = Agent::with_socket(&name);
+        let mut viad = Viad { child, agent };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while viad.agent.stats().is_err() {
+            assert!(
+                viad.child.try_wait().unwrap().is_none(),
+                "viad exited early"
+            );
+            assert!(Instant::now() < deadline, "viad did not come up");
+            thread::sleep(Duration::from_millis(10));
+        }
+        viad
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        let stats = self.agent.stats().unwrap();
+        stats.into_iter().find(|(n, _)| n == name).unwrap().1
+    }
+
+    /// Waits until counter `name` reads `value`.
+    fn await_stat(&self, name: &str, value: u64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.stat(name) != value {
+            assert!(Instant::now() < deadline, "{name} never became {value}");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn await_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "viad still runs");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Viad {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A stand-in CQ inbox: any file will do, identified by its inode.
+fn inbox() -> OwnedFd {
+    let fd = unsafe { libc::memfd_create(c"inbox".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+fn stat(fd: BorrowedFd) -> libc::stat {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, 0);
+    st
+}
+
+fn same_file(a: BorrowedFd, b: BorrowedFd) -> bool {
+    let (a, b) = (stat(a), stat(b));
+    (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+}
+
+fn map(fd: BorrowedFd, len: usize) -> *mut u8 {
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p.cast()
+}
+
+/// Checks that both sides got one segment, two connected socket ends and each other's inbox.
+fn check_linked(a: &ConnFds, a_inbox: BorrowedFd, b: &ConnFds, b_inbox: BorrowedFd, len: usize) {
+    assert_eq!(stat(a.segment.as_fd()).st_size as usize, len);
+    assert!(same_file(a.segment.as_fd(), b.segment.as_fd()));
+    assert!(same_file(a.peer_inbox.as_fd(), b_inbox));
+    assert!(same_file(b.peer_inbox.as_fd(), a_inbox));
+    let (pa, pb) = (map(a.segment.as_fd(), len), map(b.segment.as_fd(), len));
+    unsafe {
+        pa.add(len - 1).write_volatile(0x5a);
+        assert_eq!(pb.add(len - 1).read_volatile(), 0x5a);
+        libc::munmap(pa.cast(), len);
+        libc::munmap(pb.cast(), len);
+    }
+    for (from, to) in [(a, b), (b, a)] {
+        sock::send(from.socket.as_fd(), b"ping", &[]).unwrap();
+        assert_eq!(
+            sock::recv(to.socket.as_fd()).unwrap().unwrap().data,
+            b"ping"
+        );
+    }
+}
+
+fn request<'a>(
+    local: &'a [u8],
+    remote_host: &'a [u8],
+    remote: &'a [u8],
+    inbox: BorrowedFd<'a>,
+) -> Request<'a> {
+    Request {
+        local_host: &LO,
+        local_disc: local,
+        remote_host,
+        remote_disc: remote,
+        info: local,
+        inbox,
+        segment_bytes: 8192,
+    }
+}
+
+#[test]
+fn devices_and_sessions() {
+    let v = Viad::start("dev", &[]);
+    let (session, dev) = v.agent.open_session("/dev/via_lo").unwrap();
+    assert_eq!(
+        (dev.name.as_str(), dev.interface.as_str()),
+        ("via_lo", "lo")
+    );
+    assert_eq!((dev.host_addr, dev.mtu > 0), (LO.to_vec(), true));
+    let (session2, dev2) = v.agent.open_session("via_lo").unwrap();
+    assert_eq!(dev2.name, "via_lo");
+    assert_eq!(v.stat("sessions"), 2);
+    for bad in ["via_bogus0", "/dev/via_", "eth0"] {
+        let err = v.agent.open_session(bad).unwrap_err();
+        assert!(
+            matches!(err, AgentError::UnknownDevice(_)),
+            "{bad}: {err:?}"
+        );
+    }
+    drop((session, session2));
+    v.await_stat("sessions", 0);
+}
+
+#[test]
+fn listen_then_connect_shares_resources() {
+    let v = Viad::start("lc", &[]);
+    let agent = v.agent.clone();
+    let listener = thread::spawn(move || {
+        let ib = inbox();
+        let inc = agent.listen(
+            &LO,
+            b"svc",
+            b"L-info",
+            ib.as_fd(),
+            Some(Duration::from_secs(10)),
+        );
+        (inc.unwrap(), ib)
+    });
+    v.await_stat("listeners_waiting", 1);
+    let ib = inbox();
+    // Any loopback address reaches a listener on 127.0.0.1.
+    let m = v
+        .agent
+        .connect(
+            &request(b"cli", &[127, 1, 2, 3], b"svc", ib.as_fd()),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    let (inc, lib) = listener.join().unwrap();
+    assert_eq!(
+        (m.side, m.remote_info.as_slice()),
+        (Side::A, &b"L-info"[..])
+    );
+    assert_eq!(
+        (inc.remote_host.as_slice(), inc.remote_disc.as_slice()),
+        (&LO[..], &b"cli"[..])
+    );
+    assert_eq!(inc.remote_info, b"cli");
+    check_linked(&m.fds, ib.as_fd(), &inc.fds, lib.as_fd(), 8192);
+    assert_eq!((v.stat("matched"), v.stat("listeners_waiting")), (1, 0));
+}
+
+#[test]
+fn connect_then_listen_and_timeouts() {
+    let v = Viad::start("cl", &[]);
+    let agent = v.agent.clone();
+    let requester = thread::spawn(move || {
+        let ib = inbox();
+        let m = agent.connect(
+            &request(b"c", &LO, b"late", ib.as_fd()),
+            Duration::from_secs(10),
+        );
+        (m.unwrap(), ib)
+    });
+    v.await_stat("connects_pending", 1);
+    let ib = inbox();
+    let inc = v.agent.listen(&LO, b"late", b"", ib.as_fd(), None).unwrap();
+    let (m, cib) = requester.join().unwrap();
+    check_linked(&m.fds, cib.as_fd(), &inc.fds, ib.as_fd(), 8192);
+
+    // A listen nobody answers ends with Timeout; a connect with NoMatch.
+    let t = Instant::now();
+    let err = v
+        .agent
+        .listen(&LO, b"x", b"", ib.as_fd(), Some(Duration::from_millis(100)));
+    assert!(matches!(err, Err(AgentError::Timeout)), "{err:?}");
+    let req = request(b"c", &[127, 0, 0, 2], b"nobody", ib.as_fd());
+    let err = v
+        .agent
+        .connect(&req, Duration::from_millis(200))
+        .unwrap_err();
+    assert!(matches!(err, AgentError::NoMatch), "{err:?}");
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!((v.stat("no_match"), v.stat("listen_timeouts")), (1, 1));
+}
+
+#[test]
+fn unreachable_host() {
+    let v = Viad::start("unr", &[]);
+    let ib = inbox();
+    let t = Instant::now();
+    let req = request(b"c", &[10, 255, 255, 1], b"svc", ib.as_fd());
+    assert!(matches!(
+        v.agent.connect(&req, Duration::from_secs(5)),
+        Err(AgentError::Unreachable)
+    ));
+    assert!(matches!(
+        v.agent.peer_connect(&req, Duration::from_secs(5)),
+        Err(AgentError::Unreachable)
+    ));
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert_eq!(v.stat("unreachable"), 2);
+}
+
+#[test]
+fn peers_match_in_both_orders() {
+    let v = Viad::start("peer", &[]);
+    for (first, second) in [(&b"p1"[..], &b"p2"[..]), (b"p2", b"p1")] {
+        let agent = v.agent.clone();
+        let early = thread::spawn(move || {
+            let ib = inbox();
+            let m = agent.peer_connect(
+                &request(first, &LO, second, ib.as_fd()),
+                Duration::from_secs(10),
+            );
+            (m.unwrap(), ib)
+        });
+        v.await_stat("peers_pending", 1);
+        // A request that is not the mirror image does not match.
+        let ib = inbox();
+        let wrong = request(second, &LO, b"p3", ib.as_fd());
+        assert!(matches!(
+            v.agent.peer_connect(&wrong, Duration::from_millis(50)),
+            Err(AgentError::NoMatch)
+        ));
+        let late = v
+            .agent
+            .peer_connect(
+                &request(second, &LO, first, ib.as_fd()),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+        let (early, eib) = early.join().unwrap();
+        assert_eq!((early.side, late.side), (Side::A, Side::B));
+        assert_eq!(
+            (early.remote_info.as_slice(), late.remote_info.as_slice()),
+            (second, first)
+        );
+        check_linked(&early.fds, eib.as_fd(), &late.fds, ib.as_fd(), 8192);
+    }
+    assert_eq!((v.stat("peer_matched"), v.stat("peers_pending")), (2, 0));
+}
+
+#[test]
+fn departed_listener_is_not_matched() {
+    let v = Viad::start("gone", &[]);
+    let ib = inbox();
+    let listen = proto::Request::Listen(ListenReq {
+        host: LO.to_vec(),
+        disc: b"svc".to_vec(),
+        info: vec![],
+        timeout_ms: proto::FOREVER,
+        pid: 0,
+    });
+    let conn = sock::connect(v.agent.socket()).unwrap();
+    sock::send(conn.as_fd(), &listen.encode().unwrap(), &[ib.as_fd()]).unwrap();
+    v.await_stat("listeners_waiting", 1);
+    drop(conn);
+    v.await_stat("listeners_waiting", 0);
+    let req = request(b"c", &LO, b"svc", ib.as_fd());
+    assert!(matches!(
+        v.agent.connect(&req, Duration::from_millis(100)),
+        Err(AgentError::NoMatch)
+    ));
+}
+
+#[test]
+fn malformed_messages_are_counted_and_closed() {
+    let v = Viad::start("bad", &[]);
+    let ib = inbox();
+    let stats = proto::Request::Stats.encode().unwrap();
+    let bad: [(&[u8], &[BorrowedFd]); 4] = [
+        (b"\x01\x02garbage", &[]),
+        (b"\x09\x05", &[]),
+        (&stats, &[ib.as_fd()]),
+        (&[1, 3, 200, 0], &[]),
+    ];
+    for (i, (msg, fds)) in bad.iter().enumerate() {
+        let conn = sock::connect(v.agent.socket()).unwrap();
+        sock::send(conn.as_fd(), msg, fds).unwrap();
+        assert!(
+            sock::recv(conn.as_fd()).unwrap().is_none(),
+            "message {i} got an answer"
+        );
+    }
+    assert_eq!(v.stat("protocol_errors"), 4);
+}
+
+#[test]
+fn stop_and_cli() {
+    let mut v = Viad::start("stop", &[]);
+    let name = v.agent.socket().to_string();
+    let out = Command::new(VIAD)
+        .args(["--stats", "--socket", &name])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().any(|l| l == "sessions 0"), "{text}");
+    assert!(Command::new(VIAD)
+        .args(["--stop", "--socket", &name])
+        .status()
+        .unwrap()
+        .success());
+    assert!(v.await_exit(Duration::from_secs(5)).success());
+    let out = Command::new(VIAD)
+        .args(["--stats", "--socket", &name])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no agent running"));
+    assert!(matches!(v.agent.stats(), Err(AgentError::Unavailable(_))));
+}
+
+#[test]
+fn idle_timeout_exits_once_clients_are_gone() {
+    let mut v = Viad::start("idle", &["--idle-timeout", "1"]);
+    let (session, _) = v.agent.open_session("via_lo").unwrap();
+    thread::sleep(Duration::from_millis(1500));
+    assert!(
+        v.child.try_wait().unwrap().is_none(),
+        "exited with a session open"
+    );
+    drop(session);
+    let t = Instant::now();
+    assert!(v.await_exit(Duration::from_secs(5)).success());
+    assert!(t.elapsed() >= Duration::from_millis(500));
+}
+
+#[test]
+fn second_agent_on_a_taken_name_exits_quietly() {
+    let mut v = Viad::start("race", &[]);
+    let name = v.agent.socket().to_string();
+    let second = Command::new(VIAD)
+        .args(["--socket", &name])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(second.status.success());
+    assert!(second.stderr.is_empty());
+    let daemon = Command::new(VIAD)
+        .args(["--daemon", "--socket", &name])
+        .status()
+        .unwrap();
+    assert!(daemon.success());
+    assert!(v.child.try_wait().unwrap().is_none());
+    v.agent.stop().unwrap();
+    assert!(v.await_exit(Duration::from_secs(5)).success());
+
+    // A real start race: every starter returns success, one agent wins.
+    let name = format!("{name}-2");
+    let starters: Vec<Child> = (0..4)
+        .map(|_| {
+            Command::new(VIAD)
+                .args(["--daemon", "--socket", &name])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut s in starters {
+        assert!(s.wait().unwrap().success());
+    }
+    let winner = Agent::with_socket(&name);
+    assert_eq!(winner.stats().unwrap()[0], ("clients".to_string(), 1));
+    winner.stop().unwrap();
+}
+
+#[test]
+fn sigterm_exits_cleanly() {
+    let mut v = Viad::start("term", &[]);
+    let (_session, _) = v.agent.open_session("via_lo").unwrap();
+    assert_eq!(
+        unsafe { libc::kill(v.child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    assert!(v.await_exit(Duration::from_secs(5)).success());
+}
