@@ -366,7 +366,11 @@ pub fn peer_request(
                     &request(&vi, &remote, &local),
                     deadline.remaining_or_long(),
                 )
-                .map_err(agent_error)?;
+                // Unmatched at its timeout is a timeout in the peer model.
+                .map_err(|e| match agent_error(e) {
+                    ViaError::NoMatch => ViaError::Timeout,
+                    other => other,
+                })?;
                 let parts = map_parts(matched.fds, side(matched.side))?;
                 vi.attach_segment(parts.seg.clone())?;
                 send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint()))

@@ -350,7 +350,10 @@ impl Vi {
         }
         self.drain(&mut r);
         self.flush(&mut r);
-        r.seg = None;
+        // Wake a waiter asleep on the ring: there is nothing more to wait for.
+        if let Some(seg) = r.seg.take() {
+            seg.rx().wake();
+        }
         self.set_state(ViState::Idle);
         drop(s);
         drop(r);
@@ -381,7 +384,10 @@ impl Vi {
         }
         self.drain(&mut r);
         self.flush(&mut r);
-        r.seg = None;
+        // Wake a waiter asleep on the ring: there is nothing more to wait for.
+        if let Some(seg) = r.seg.take() {
+            seg.rx().wake();
+        }
         drop(s);
         drop(r);
         self.bump();
