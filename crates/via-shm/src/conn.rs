@@ -1,0 +1,358 @@
+//! The connection segment: one shared region per connection holding, for
+//! each direction, a [`Ring`] and the [`RecvCache`] of that direction's
+//! receiver.
+//!
+//! Layout: a 4 KiB header (version, one `closed` flag per side), then the
+//! A->B block and the B->A block, each a ring followed by the receive-queue
+//! cache published by the ring's consumer.
+
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+use crate::layout::{align_up, at, CacheLine};
+use crate::recv::CACHE_BYTES;
+pub use crate::recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
+use crate::ring::RING_BYTES;
+pub use crate::ring::{
+    Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM,
+    SLOT_SEND,
+};
+use crate::{SharedRegion, ShmError};
+
+/// Layout version stored in the header by the first side to attach.
+pub const CONN_VERSION: u32 = 1;
+
+const HEADER_BYTES: usize = 4096;
+const DIR_BYTES: usize = align_up(RING_BYTES + CACHE_BYTES, 64);
+/// Size of a connection segment.
+pub const CONN_SEGMENT_BYTES: usize = align_up(HEADER_BYTES + 2 * DIR_BYTES, 4096);
+
+#[repr(C)]
+struct ConnHeader {
+    version: CacheLine<AtomicU32>,
+    closed: [CacheLine<AtomicU32>; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<ConnHeader>() <= HEADER_BYTES);
+
+/// The two ends of a connection, owning mirror-image halves of the segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// Sends on the A->B ring, receives on the B->A ring.
+    A,
+    /// Sends on the B->A ring, receives on the A->B ring.
+    B,
+}
+
+impl Side {
+    /// The other end.
+    pub fn peer(self) -> Side {
+        match self {
+            Side::A => Side::B,
+            Side::B => Side::A,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One side's view of a connection segment.
+pub struct ConnSegment {
+    tx: Ring,
+    rx: Ring,
+    my_recvs: RecvCache,
+    peer_recvs: RecvCache,
+    side: Side,
+    // Declared last: the rings and caches point into it.
+    region: SharedRegion,
+}
+
+impl ConnSegment {
+    /// Attaches to a segment as `side`.  `TooSmall` if the region is smaller
+    /// than [`CONN_SEGMENT_BYTES`], `Corrupt` if it carries another version.
+    ///
+    /// Counters start at zero: each side attaches once to a fresh segment.
+    pub fn new(region: SharedRegion, side: Side) -> Result<ConnSegment, ShmError> {
+        if region.len() < CONN_SEGMENT_BYTES {
+            return Err(ShmError::TooSmall);
+        }
+        let base = region.as_ptr();
+        // SAFETY: the header is at the start of a mapping of sufficient size.
+        let hdr: &ConnHeader = unsafe { at(base, 0) };
+        match hdr
+            .version
+            .compare_exchange(0, CONN_VERSION, AcqRel, Acquire)
+        {
+            Ok(_) | Err(CONN_VERSION) => {}
+            Err(_) => return Err(ShmError::Corrupt("segment version")),
+        }
+        let (out, inn) = (side.index(), side.peer().index());
+        // SAFETY: both direction blocks lie inside the region (checked above),
+        // are 64-byte aligned and live as long as `region`, owned by self.
+        unsafe {
+            let dir = |d: usize| base.add(HEADER_BYTES + d * DIR_BYTES);
+            Ok(ConnSegment {
+                tx: Ring::new(dir(out), true),
+                rx: Ring::new(dir(inn), false),
+                my_recvs: RecvCache::new(dir(inn).add(RING_BYTES), true),
+                peer_recvs: RecvCache::new(dir(out).add(RING_BYTES), false),
+                side,
+                region,
+            })
+        }
+    }
+
+    /// The ring I produce and the peer consumes.
+    pub fn tx(&self) -> &Ring {
+        &self.tx
+    }
+
+    /// The ring the peer produces and I consume.
+    pub fn rx(&self) -> &Ring {
+        &self.rx
+    }
+
+    /// The cache where I publish my posted receives (the peer takes them).
+    pub fn my_recvs(&self) -> &RecvCache {
+        &self.my_recvs
+    }
+
+    /// The cache of the peer's posted receives, which my sends take.
+    pub fn peer_recvs(&self) -> &RecvCache {
+        &self.peer_recvs
+    }
+
+    /// Which side this is.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// The underlying region.
+    pub fn region(&self) -> &SharedRegion {
+        &self.region
+    }
+
+    /// Sets my `closed` flag in the header.
+    pub fn mark_closed(&self) {
+        self.header().closed[self.side.index()].store(1, Release);
+    }
+
+    /// True once the peer has set its `closed` flag.
+    pub fn peer_closed(&self) -> bool {
+        self.header().closed[self.side.peer().index()].load(Acquire) != 0
+    }
+
+    fn header(&self) -> &ConnHeader {
+        // SAFETY: checked in `new`; the header is at the start of the region.
+        unsafe { at(self.region.as_ptr(), 0) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// Both sides of one segment, through two mappings of the same memfd.
+    fn pair() -> (ConnSegment, ConnSegment) {
+        let r = SharedRegion::create("conn-test", CONN_SEGMENT_BYTES).unwrap();
+        let r2 = SharedRegion::map(r.fd().try_clone_to_owned().unwrap()).unwrap();
+        let a = ConnSegment::new(r, Side::A).unwrap();
+        (a, ConnSegment::new(r2, Side::B).unwrap())
+    }
+
+    fn pattern(seed: u64, len: usize) -> Vec<u8> {
+        (0..len as u64).map(|i| (seed * 31 + i * 7) as u8).collect()
+    }
+
+    fn hdr(kind: u32, aux: u64) -> SlotHeader {
+        SlotHeader {
+            kind,
+            aux,
+            ..Default::default()
+        }
+    }
+
+    fn corrupt<T>(r: Result<T, ShmError>) -> bool {
+        matches!(r, Err(ShmError::Corrupt(_)))
+    }
+
+    fn recv(ring: &Ring) -> (SlotHeader, Vec<u8>) {
+        let h = ring.peek().unwrap().expect("a slot");
+        let mut buf = vec![0u8; h.inline_len as usize];
+        assert_eq!(ring.read_payload(&mut [&mut buf[..]]), buf.len());
+        ring.pop();
+        (h, buf)
+    }
+
+    /// The shared word at `offset` in the segment.
+    fn word<T>(seg: &ConnSegment, offset: usize) -> &T {
+        // SAFETY: tests only pass aligned offsets of integer words inside the segment.
+        unsafe { at(seg.region().as_ptr(), offset) }
+    }
+
+    #[test]
+    fn every_payload_size_arrives_in_order() {
+        let (a, b) = pair();
+        let mut expect = 0;
+        for len in 0..=INLINE_MAX {
+            let h = SlotHeader {
+                length: len as u32,
+                ..hdr(SLOT_SEND, len as u64)
+            };
+            a.tx().push(&h, &[&pattern(len as u64, len)]).unwrap();
+            // Drain at odd points so sizes land on many slot indices.
+            if a.tx().len() == 300 || len == INLINE_MAX {
+                while !b.rx().is_empty() {
+                    let (h, data) = recv(b.rx());
+                    let want = (SLOT_SEND, expect as u64, expect as u32, expect as u32);
+                    assert_eq!((h.kind, h.aux, h.length, h.inline_len), want);
+                    assert_eq!(data, pattern(expect as u64, expect));
+                    expect += 1;
+                }
+            }
+        }
+        assert_eq!(expect, INLINE_MAX + 1);
+        assert!(b.rx().peek().unwrap().is_none());
+        // The other direction is independent.
+        assert!(a.rx().is_empty());
+        b.tx().push(&hdr(SLOT_ERROR, 0), &[]).unwrap();
+        assert_eq!(recv(a.rx()).0.kind, SLOT_ERROR);
+    }
+
+    #[test]
+    fn gathers_and_scatters_across_slices() {
+        let (a, b) = pair();
+        let data = pattern(9, 1000);
+        let pieces: [&[u8]; 4] = [&data[..10], &[], &data[10..700], &data[700..]];
+        a.tx().push(&hdr(SLOT_SEND, 0), &pieces).unwrap();
+        let too_big = a.tx().push(&hdr(SLOT_SEND, 0), &[&data, &data[..25]]);
+        assert!(matches!(too_big, Err(ShmError::TooSmall)));
+        assert_eq!(b.rx().peek().unwrap().unwrap().inline_len, 1000);
+        let (mut x, mut y, mut z) = (vec![0u8; 3], vec![0u8; 600], vec![0u8; 500]);
+        assert_eq!(b.rx().read_payload(&mut [&mut x, &mut y, &mut z]), 1000);
+        assert_eq!([&x[..], &y[..], &z[..397]].concat(), data);
+        // A short destination gets a prefix.
+        let mut short = vec![0u8; 100];
+        assert_eq!(b.rx().read_payload(&mut [&mut short]), 100);
+        assert_eq!(short, data[..100]);
+        b.rx().pop();
+        assert!(b.rx().is_empty());
+        assert_eq!(b.rx().read_payload(&mut [&mut short]), 0);
+    }
+
+    #[test]
+    fn full_at_ring_slots_and_wraps_over_many_laps() {
+        let (a, b) = pair();
+        let push = |i: u64| a.tx().push(&hdr(SLOT_SEND, i), &[&i.to_le_bytes()]);
+        for i in 0..RING_SLOTS as u64 {
+            push(i).unwrap();
+        }
+        assert!(matches!(push(0), Err(ShmError::Full)));
+        assert_eq!((a.tx().len(), b.rx().len()), (RING_SLOTS, RING_SLOTS));
+        let (mut sent, mut got) = (RING_SLOTS as u64, 0u64);
+        // Varying batch sizes so pushes and pops meet at every slot index.
+        for batch in (1..40).cycle().take(2000) {
+            for _ in 0..batch {
+                let (h, d) = recv(b.rx());
+                assert_eq!((h.aux, d), (got, got.to_le_bytes().to_vec()));
+                got += 1;
+            }
+            for _ in 0..batch {
+                push(sent).unwrap();
+                sent += 1;
+            }
+        }
+        assert!(sent > 30 * RING_SLOTS as u64);
+        while got < sent {
+            assert_eq!(recv(b.rx()).0.aux, got);
+            got += 1;
+        }
+        assert!(b.rx().is_empty() && a.tx().is_empty());
+    }
+
+    #[test]
+    fn corrupt_counters_are_errors() {
+        let (a, b) = pair();
+        // The A->B ring: head, tail, and slot 0's inline_len after the control block.
+        let (head, tail) = (HEADER_BYTES, HEADER_BYTES + 64);
+        word::<AtomicU64>(&a, head).store(u64::MAX / 2, Release);
+        assert!(corrupt(b.rx().peek()));
+        assert_eq!(b.rx().len(), RING_SLOTS);
+        b.rx().pop();
+        word::<AtomicU64>(&a, tail).store(12345, Release);
+        assert!(corrupt(a.tx().push(&hdr(SLOT_SEND, 0), &[])));
+        word::<AtomicU64>(&a, head).store(1, Release);
+        word::<AtomicU64>(&a, tail).store(0, Release);
+        word::<AtomicU32>(&a, HEADER_BYTES + 256 + 24).store(5000, Release);
+        assert!(corrupt(b.rx().peek()));
+        assert_eq!(b.rx().read_payload(&mut [&mut [0u8; 8]]), 0);
+    }
+
+    #[test]
+    fn recv_cache_publishes_in_order_and_fills() {
+        let (a, b) = pair();
+        let segs: Vec<RecvSeg> = (0..MAX_SEGS as u32)
+            .map(|i| RecvSeg {
+                addr: 0x1000 * u64::from(i),
+                len: i + 1,
+            })
+            .collect();
+        let too_many = a.my_recvs().publish(&[&segs[..], &segs[..1]].concat());
+        assert!(matches!(too_many, Err(ShmError::TooManySegments)));
+        for i in 0..RECV_ENTRIES {
+            assert_eq!(
+                a.my_recvs().publish(&segs[..i % MAX_SEGS]).unwrap(),
+                i as u64
+            );
+        }
+        assert!(matches!(a.my_recvs().publish(&[]), Err(ShmError::Full)));
+        assert_eq!(b.peer_recvs().available(), RECV_ENTRIES as u64);
+        for i in 0..RECV_ENTRIES {
+            let e = b.peer_recvs().take().unwrap().unwrap();
+            let n = i % MAX_SEGS;
+            let want = (i as u64, &segs[..n], (n * (n + 1) / 2) as u64);
+            assert_eq!((e.seq, e.segs(), e.total), want);
+        }
+        assert!(b.peer_recvs().take().unwrap().is_none());
+        let a_view = (a.my_recvs().available(), a.my_recvs().taken());
+        assert_eq!(a_view, (0, RECV_ENTRIES as u64));
+        b.my_recvs().publish(&segs[..1]).unwrap();
+        assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs(), &segs[..1]);
+    }
+
+    #[test]
+    fn corrupt_recv_entries_are_errors() {
+        let (a, b) = pair();
+        a.my_recvs()
+            .publish(&[RecvSeg { addr: 1, len: 2 }])
+            .unwrap();
+        // A's receives are the cache after the B->A ring; entry 0 follows
+        // the 128-byte control block: seq u64, then nsegs u32.
+        let cache = HEADER_BYTES + DIR_BYTES + RING_BYTES;
+        let (seq, nsegs) = (cache + 128, cache + 136);
+        word::<AtomicU32>(&a, nsegs).store(MAX_SEGS as u32 + 1, Release);
+        assert!(corrupt(b.peer_recvs().take()));
+        word::<AtomicU32>(&a, nsegs).store(1, Release);
+        word::<AtomicU64>(&a, seq).store(77, Release);
+        assert!(corrupt(b.peer_recvs().take()));
+        word::<AtomicU64>(&a, cache).store(1 << 40, Release);
+        assert!(corrupt(b.peer_recvs().take()));
+        assert_eq!(b.peer_recvs().available(), RECV_ENTRIES as u64);
+    }
+
+    #[test]
+    fn header_and_size_checks() {
+        let small = SharedRegion::create("small", CONN_SEGMENT_BYTES - 1).unwrap();
+        let small = ConnSegment::new(small, Side::A);
+        assert!(matches!(small, Err(ShmError::TooSmall)));
+        let (a, b) = pair();
+        assert!(!b.peer_closed());
+        a.mark_closed();
+        assert!(b.peer_closed() && !a.peer_closed());
+        word::<AtomicU32>(&a, 0).store(99, Release);
+        let other = SharedRegion::map(a.region().fd().try_clone_to_owned().unwrap()).unwrap();
+        assert!(corrupt(ConnSegment::new(other, Side::B)));
+    }
+}

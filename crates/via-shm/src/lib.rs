@@ -1,0 +1,35 @@
+//! The shared-memory transport of openvia: the "VI NIC" for connections
+//! between processes of one host.
+//!
+//! This crate is mechanism only; the provider decides policy.  It offers
+//! memfd-backed [`SharedRegion`]s, shared futexes, cross-memory attach
+//! ([`cma`]), the per-connection [`ConnSegment`] (two [`Ring`]s and two
+//! [`RecvCache`]s) and the per-process completion-queue [`Inbox`].
+//!
+//! Memory shared with another process is untrusted: every index, length,
+//! count and kind read from it is validated before use, so a lying peer can
+//! make these functions return errors or lose messages, but never make them
+//! access memory out of bounds or panic.  Linux only.
+
+#![deny(missing_docs)]
+
+pub mod cma;
+pub mod conn;
+mod error;
+pub mod futex;
+pub mod inbox;
+mod layout;
+pub mod recv;
+pub mod region;
+pub mod ring;
+
+pub use conn::{ConnSegment, Side, CONN_SEGMENT_BYTES, CONN_VERSION};
+pub use error::ShmError;
+pub use futex::{futex_wait, futex_wake};
+pub use inbox::{Inbox, INBOXES, INBOX_ENTRIES, INBOX_SEGMENT_BYTES};
+pub use recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
+pub use region::SharedRegion;
+pub use ring::{
+    Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM,
+    SLOT_SEND,
+};

@@ -1,0 +1,223 @@
+//! The receive-queue cache: the data segments of every receive descriptor a
+//! process posted, published for the remote sender to take in order.
+//!
+//! Single producer (the receiver, `published`) and single consumer (the
+//! remote sender, `taken`); like the ring, each side trusts only its own
+//! counter and validates the other's.
+
+use std::mem::size_of;
+use std::ptr::{self, addr_of, addr_of_mut, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+use crate::layout::{align_up, at, CacheLine};
+use crate::ShmError;
+
+/// Entries per cache; at least the deepest receive queue (1024).
+pub const RECV_ENTRIES: usize = 1024;
+/// Most data segments of one receive descriptor.
+pub const MAX_SEGS: usize = 32;
+
+/// One data segment of a posted receive: an address in the receiver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvSeg {
+    /// Virtual address in the receiving process.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// A validated copy of a published receive.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvEntry {
+    /// Sequence number: the n-th receive published on this cache.
+    pub seq: u64,
+    /// The segments; only the first `nsegs` are meaningful.
+    pub segs: [RecvSeg; MAX_SEGS],
+    /// Number of segments (at most `MAX_SEGS`).
+    pub nsegs: u32,
+    /// Sum of the segment lengths.
+    pub total: u64,
+}
+
+impl RecvEntry {
+    /// The meaningful segments.
+    pub fn segs(&self) -> &[RecvSeg] {
+        &self.segs[..(self.nsegs as usize).min(MAX_SEGS)]
+    }
+}
+
+#[repr(C)]
+struct CacheCtl {
+    published: CacheLine<AtomicU64>,
+    taken: CacheLine<AtomicU64>,
+}
+
+#[repr(C)]
+struct RawSeg {
+    addr: u64,
+    len: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+struct RawEntry {
+    seq: u64,
+    nsegs: u32,
+    _pad: u32,
+    segs: [RawSeg; MAX_SEGS],
+}
+
+const CTL_BYTES: usize = size_of::<CacheCtl>();
+const ENTRY_BYTES: usize = align_up(size_of::<RawEntry>(), 64);
+/// Bytes of one cache in a segment.
+pub(crate) const CACHE_BYTES: usize = CTL_BYTES + RECV_ENTRIES * ENTRY_BYTES;
+
+const _: () = assert!(RECV_ENTRIES.is_power_of_two());
+
+/// One receive-queue cache.  The publisher serializes `publish`; the taker
+/// serializes `take`.
+pub struct RecvCache {
+    base: NonNull<u8>,
+    publisher: bool,
+    /// The publisher's own count.
+    published: AtomicU64,
+    /// The taker's own count.
+    taken: AtomicU64,
+}
+
+// SAFETY: `base` points into a mapping owned by the ConnSegment that owns
+// this cache; shared words are atomics and entries are volatile copies.
+unsafe impl Send for RecvCache {}
+// SAFETY: as above.
+unsafe impl Sync for RecvCache {}
+
+impl RecvCache {
+    /// # Safety
+    /// `base` must point to `CACHE_BYTES` of a mapping, 64-byte aligned, that
+    /// outlives the cache.
+    pub(crate) unsafe fn new(base: *mut u8, publisher: bool) -> RecvCache {
+        RecvCache {
+            base: NonNull::new_unchecked(base),
+            publisher,
+            published: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+        }
+    }
+
+    fn ctl(&self) -> &CacheCtl {
+        // SAFETY: the control block is at the start of the cache.
+        unsafe { at(self.base.as_ptr(), 0) }
+    }
+
+    fn entry(&self, counter: u64) -> *mut RawEntry {
+        let i = counter as usize & (RECV_ENTRIES - 1);
+        // SAFETY: i < RECV_ENTRIES, so the entry is inside the cache.
+        unsafe { self.base.as_ptr().add(CTL_BYTES + i * ENTRY_BYTES).cast() }
+    }
+
+    /// Receiver side: publishes one posted receive; returns its sequence
+    /// number.  Errors: `TooManySegments`, `Full` when `RECV_ENTRIES` are
+    /// outstanding, `Corrupt` when the peer's `taken` is impossible.
+    pub fn publish(&self, segs: &[RecvSeg]) -> Result<u64, ShmError> {
+        if segs.len() > MAX_SEGS {
+            return Err(ShmError::TooManySegments);
+        }
+        let ctl = self.ctl();
+        let seq = self.published.load(Relaxed);
+        let used = seq.wrapping_sub(ctl.taken.load(Acquire));
+        if used > RECV_ENTRIES as u64 {
+            return Err(ShmError::Corrupt("receive cache taken"));
+        }
+        if used == RECV_ENTRIES as u64 {
+            return Err(ShmError::Full);
+        }
+        let e = self.entry(seq);
+        // SAFETY: `e` is an entry inside the cache and segs.len() <= MAX_SEGS.
+        unsafe {
+            addr_of_mut!((*e).seq).write_volatile(seq);
+            addr_of_mut!((*e).nsegs).write_volatile(segs.len() as u32);
+            for (i, s) in segs.iter().enumerate() {
+                let raw = addr_of_mut!((*e).segs[i]);
+                addr_of_mut!((*raw).addr).write_volatile(s.addr);
+                addr_of_mut!((*raw).len).write_volatile(s.len);
+            }
+        }
+        let next = seq.wrapping_add(1);
+        self.published.store(next, Relaxed);
+        ctl.published.store(next, Release);
+        Ok(seq)
+    }
+
+    /// Sender side: takes the next published receive, or `None` if there is
+    /// none.  `Corrupt` (and nothing consumed) when the entry is impossible.
+    pub fn take(&self) -> Result<Option<RecvEntry>, ShmError> {
+        let ctl = self.ctl();
+        let seq = self.taken.load(Relaxed);
+        let avail = ctl.published.load(Acquire).wrapping_sub(seq);
+        if avail == 0 {
+            return Ok(None);
+        }
+        if avail > RECV_ENTRIES as u64 {
+            return Err(ShmError::Corrupt("receive cache published"));
+        }
+        let e = self.entry(seq);
+        let mut out = RecvEntry {
+            seq,
+            segs: [RecvSeg::default(); MAX_SEGS],
+            nsegs: 0,
+            total: 0,
+        };
+        // SAFETY: `e` is an entry inside the cache; fields are plain integers
+        // and the segment index is bounded by MAX_SEGS before use.
+        unsafe {
+            if addr_of!((*e).seq).read_volatile() != seq {
+                return Err(ShmError::Corrupt("receive entry sequence"));
+            }
+            out.nsegs = addr_of!((*e).nsegs).read_volatile();
+            if out.nsegs as usize > MAX_SEGS {
+                return Err(ShmError::Corrupt("receive entry segment count"));
+            }
+            for i in 0..out.nsegs as usize {
+                let raw = ptr::read_volatile(addr_of!((*e).segs[i]));
+                out.segs[i] = RecvSeg {
+                    addr: raw.addr,
+                    len: raw.len,
+                };
+                out.total = out
+                    .total
+                    .checked_add(u64::from(raw.len))
+                    .ok_or(ShmError::Corrupt("receive entry length"))?;
+            }
+        }
+        let next = seq.wrapping_add(1);
+        self.taken.store(next, Relaxed);
+        ctl.taken.store(next, Release);
+        Ok(Some(out))
+    }
+
+    /// Receives published and not yet taken, from this side's view, clamped
+    /// to `RECV_ENTRIES`.
+    pub fn available(&self) -> u64 {
+        self.published()
+            .wrapping_sub(self.taken())
+            .min(RECV_ENTRIES as u64)
+    }
+
+    /// Receives published so far (the peer's unvalidated count on the taker side).
+    pub fn published(&self) -> u64 {
+        if self.publisher {
+            self.published.load(Relaxed)
+        } else {
+            self.ctl().published.load(Acquire)
+        }
+    }
+
+    /// Receives taken so far (the peer's unvalidated count on the publisher side).
+    pub fn taken(&self) -> u64 {
+        if self.publisher {
+            self.ctl().taken.load(Acquire)
+        } else {
+            self.taken.load(Relaxed)
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! A `MAP_SHARED` mapping of a sealed memfd.
+
+use std::ffi::CString;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::{self, NonNull};
+
+/// A read-write shared mapping of a whole memfd; unmapped on drop.
+///
+/// The file is sealed against shrinking, so no process holding the fd can
+/// truncate it under our mapping (which would turn accesses into SIGBUS).
+pub struct SharedRegion {
+    fd: OwnedFd,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory shared with other processes anyway;
+// every access through it goes through atomics or raw copies that tolerate
+// concurrent writers.
+unsafe impl Send for SharedRegion {}
+// SAFETY: as above.
+unsafe impl Sync for SharedRegion {}
+
+impl SharedRegion {
+    /// Creates an anonymous memfd of `len` bytes (close-on-exec, sealed
+    /// against resizing) and maps it.
+    pub fn create(name: &str, len: usize) -> io::Result<SharedRegion> {
+        let size = libc::off_t::try_from(len)
+            .ok()
+            .filter(|&s| s > 0)
+            .ok_or_else(|| invalid(io::ErrorKind::InvalidInput, "bad shared region size"))?;
+        let cname = CString::new(name)
+            .map_err(|_| invalid(io::ErrorKind::InvalidInput, "NUL in region name"))?;
+        // SAFETY: plain system calls on a valid C string and on our own fd.
+        unsafe {
+            let raw =
+                libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            if raw < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let fd = OwnedFd::from_raw_fd(raw);
+            if libc::ftruncate(fd.as_raw_fd(), size) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Self::mmap(fd, len)
+        }
+    }
+
+    /// Maps the whole of a memfd received from another process.
+    ///
+    /// The file must be sealed against shrinking, or sealable now; anything
+    /// else (a regular file, an unsealable memfd) is refused.
+    pub fn map(fd: OwnedFd) -> io::Result<SharedRegion> {
+        let raw = fd.as_raw_fd();
+        // SAFETY: fcntl/fstat on an fd we own, into a local buffer.
+        let len = unsafe {
+            // Sealed before fstat so the size cannot shrink after we read it.
+            let seals = libc::fcntl(raw, libc::F_GET_SEALS);
+            if seals < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if seals & libc::F_SEAL_SHRINK == 0
+                && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            let mut st = MaybeUninit::<libc::stat>::uninit();
+            if libc::fstat(raw, st.as_mut_ptr()) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            st.assume_init().st_size
+        };
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l > 0)
+            .ok_or_else(|| invalid(io::ErrorKind::InvalidData, "empty shared region"))?;
+        Self::mmap(fd, len)
+    }
+
+    fn mmap(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
+        // SAFETY: a fresh shared mapping of a file that cannot shrink below `len`.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| invalid(io::ErrorKind::Other, "null mapping"))?;
+        Ok(SharedRegion { fd, ptr, len })
+    }
+
+    /// The memfd, e.g. to hand it to another process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The size of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a region is never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The start of the mapping (page aligned).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `mmap`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+fn invalid(kind: io::ErrorKind, msg: &'static str) -> io::Error {
+    io::Error::new(kind, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+
+    #[test]
+    fn two_mappings_share_bytes() {
+        let a = SharedRegion::create("t", 8192).unwrap();
+        let b = SharedRegion::map(a.fd().try_clone_to_owned().unwrap()).unwrap();
+        assert_eq!(b.len(), 8192);
+        // SAFETY: both offsets are inside the 8192-byte mappings.
+        unsafe {
+            a.as_ptr().add(5000).write(0x5a);
+            assert_eq!(b.as_ptr().add(5000).read(), 0x5a);
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_sealable_memfd() {
+        assert!(SharedRegion::create("t", 0).is_err());
+        assert!(SharedRegion::create("a\0b", 4096).is_err());
+        let f = File::open("/proc/self/exe").unwrap();
+        assert!(SharedRegion::map(f.into()).is_err());
+    }
+}

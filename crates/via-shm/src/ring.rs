@@ -1,0 +1,263 @@
+//! A single-producer single-consumer ring of fixed-size slots in a
+//! connection segment: one direction of a connection.
+//!
+//! `head` (written by the producer) and `tail` (written by the consumer) are
+//! monotonically increasing u64 counters; slot `i` is reused every
+//! `RING_SLOTS` messages.  Each side keeps its own counter in process memory
+//! and only trusts that copy; the peer's counter is validated on every read.
+
+use std::mem::size_of;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
+use std::time::Duration;
+
+use crate::futex::{futex_wait, futex_wake};
+use crate::layout::{at, CacheLine};
+use crate::ShmError;
+
+/// Slots per ring; at least the deepest receive queue (1024).
+pub const RING_SLOTS: usize = 1024;
+/// Bytes per slot: a 64-byte header and `INLINE_MAX` payload bytes.
+pub const SLOT_BYTES: usize = 1088;
+/// Largest payload carried inline in a slot.
+pub const INLINE_MAX: usize = 1024;
+/// Slot kind: a send, its payload inline or already written by CMA.
+pub const SLOT_SEND: u32 = 1;
+/// Slot kind: an RDMA write with immediate data, consuming a receive.
+pub const SLOT_RDMA_WRITE_IMM: u32 = 2;
+/// Slot kind: an error report to the peer.
+pub const SLOT_ERROR: u32 = 3;
+
+const SLOT_HEADER_BYTES: usize = 64;
+/// `peeked` value when no slot has been peeked.
+const NOT_PEEKED: u32 = u32::MAX;
+
+/// The header of a slot.  The transport only interprets `inline_len`; the
+/// other fields carry the provider's meaning.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotHeader {
+    /// What the slot is (`SLOT_*`).
+    pub kind: u32,
+    /// Status to report with the completion.
+    pub status: u32,
+    /// Total bytes of the message (inline or moved by CMA).
+    pub length: u32,
+    /// Immediate data.
+    pub imm: u32,
+    /// Sequence number of the receive entry the message consumed.
+    pub recv_seq: u64,
+    /// Payload bytes inline in the slot; set by [`Ring::push`].
+    pub inline_len: u32,
+    /// Provider flags.
+    pub flags: u32,
+    /// Provider data.
+    pub aux: u64,
+}
+
+/// The ring's control block, each word on its own cache line.
+#[repr(C)]
+struct RingCtl {
+    head: CacheLine<AtomicU64>,
+    tail: CacheLine<AtomicU64>,
+    /// Number of consumer threads asleep in `wait` (a flag for one consumer).
+    sleeping: CacheLine<AtomicU32>,
+    /// Bumped by the producer on every push; the consumer sleeps on it.
+    futex: CacheLine<AtomicU32>,
+}
+
+const CTL_BYTES: usize = size_of::<RingCtl>();
+/// Bytes of one ring in a segment.
+pub(crate) const RING_BYTES: usize = CTL_BYTES + RING_SLOTS * SLOT_BYTES;
+
+const _: () = assert!(RING_SLOTS.is_power_of_two());
+const _: () =
+    assert!(SLOT_BYTES.is_multiple_of(64) && SLOT_BYTES >= SLOT_HEADER_BYTES + INLINE_MAX);
+const _: () = assert!(size_of::<SlotHeader>() <= SLOT_HEADER_BYTES);
+
+/// One direction of a connection.  Callers serialize the producer side
+/// (`push`) and the consumer side (`peek`, `read_payload`, `pop`).
+pub struct Ring {
+    base: NonNull<u8>,
+    producer: bool,
+    /// The producer's own head.
+    head: AtomicU64,
+    /// The consumer's own tail.
+    tail: AtomicU64,
+    /// `inline_len` of the slot validated by the last `peek`.
+    peeked: AtomicU32,
+}
+
+// SAFETY: `base` points into a mapping owned by the ConnSegment that owns
+// this ring; shared words are atomics and payloads are raw copies.
+unsafe impl Send for Ring {}
+// SAFETY: as above.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    /// # Safety
+    /// `base` must point to `RING_BYTES` of a mapping, 64-byte aligned, that
+    /// outlives the ring.
+    pub(crate) unsafe fn new(base: *mut u8, producer: bool) -> Ring {
+        Ring {
+            base: NonNull::new_unchecked(base),
+            producer,
+            head: AtomicU64::new(0),
+            tail: AtomicU64::new(0),
+            peeked: AtomicU32::new(NOT_PEEKED),
+        }
+    }
+
+    fn ctl(&self) -> &RingCtl {
+        // SAFETY: the control block is at the start of the ring (see `new`).
+        unsafe { at(self.base.as_ptr(), 0) }
+    }
+
+    fn slot(&self, counter: u64) -> *mut u8 {
+        let i = counter as usize & (RING_SLOTS - 1);
+        // SAFETY: i < RING_SLOTS, so the slot is inside the ring.
+        unsafe { self.base.as_ptr().add(CTL_BYTES + i * SLOT_BYTES) }
+    }
+
+    /// Producer side: copies `hdr` and the gathered `payload` (at most
+    /// `INLINE_MAX` bytes in all) into the next slot and publishes it.
+    ///
+    /// `inline_len` is set to the payload size.  Errors: `Full` when the
+    /// consumer is `RING_SLOTS` behind, `TooSmall` for a payload over
+    /// `INLINE_MAX`, `Corrupt` when the peer's tail is impossible.
+    pub fn push(&self, hdr: &SlotHeader, payload: &[&[u8]]) -> Result<(), ShmError> {
+        let total = payload
+            .iter()
+            .try_fold(0usize, |acc, p| acc.checked_add(p.len()))
+            .filter(|&t| t <= INLINE_MAX)
+            .ok_or(ShmError::TooSmall)?;
+        let ctl = self.ctl();
+        let head = self.head.load(Relaxed);
+        let used = head.wrapping_sub(ctl.tail.load(Acquire));
+        if used > RING_SLOTS as u64 {
+            return Err(ShmError::Corrupt("ring tail"));
+        }
+        if used == RING_SLOTS as u64 {
+            return Err(ShmError::Full);
+        }
+        let slot = self.slot(head);
+        let hdr = SlotHeader {
+            inline_len: total as u32,
+            ..*hdr
+        };
+        // SAFETY: the slot has room for the header and INLINE_MAX >= total bytes.
+        unsafe {
+            ptr::write_volatile(slot.cast::<SlotHeader>(), hdr);
+            let mut dst = slot.add(SLOT_HEADER_BYTES);
+            for p in payload {
+                ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
+                dst = dst.add(p.len());
+            }
+        }
+        let head = head.wrapping_add(1);
+        self.head.store(head, Relaxed);
+        ctl.head.store(head, Release);
+        ctl.futex.fetch_add(1, SeqCst);
+        // Pairs with the fence in `wait`: either we see the sleeper or it sees the new head.
+        fence(SeqCst);
+        if ctl.sleeping.load(SeqCst) != 0 {
+            futex_wake(&ctl.futex, i32::MAX);
+        }
+        Ok(())
+    }
+
+    /// Consumer side: a validated copy of the next slot's header, without
+    /// consuming it; `None` when the ring is empty.
+    pub fn peek(&self) -> Result<Option<SlotHeader>, ShmError> {
+        let tail = self.tail.load(Relaxed);
+        let avail = self.ctl().head.load(Acquire).wrapping_sub(tail);
+        if avail == 0 {
+            return Ok(None);
+        }
+        if avail > RING_SLOTS as u64 {
+            return Err(ShmError::Corrupt("ring head"));
+        }
+        // SAFETY: the slot is inside the ring; any bit pattern is a valid header.
+        let hdr = unsafe { ptr::read_volatile(self.slot(tail).cast::<SlotHeader>()) };
+        if hdr.inline_len as usize > INLINE_MAX {
+            return Err(ShmError::Corrupt("slot inline length"));
+        }
+        self.peeked.store(hdr.inline_len, Relaxed);
+        Ok(Some(hdr))
+    }
+
+    /// Copies the inline payload of the slot returned by `peek` into `dst`,
+    /// filling the slices in order; returns the bytes copied
+    /// (`min(inline_len, total of dst)`, 0 if nothing was peeked).
+    pub fn read_payload(&self, dst: &mut [&mut [u8]]) -> usize {
+        let len = self.peeked.load(Relaxed);
+        if len == NOT_PEEKED {
+            return 0;
+        }
+        // `len` was validated by peek; the shared copy may have changed since.
+        let mut left = len as usize;
+        // SAFETY: the payload area of the slot holds INLINE_MAX >= left bytes.
+        let mut src = unsafe { self.slot(self.tail.load(Relaxed)).add(SLOT_HEADER_BYTES) };
+        let mut copied = 0;
+        for d in dst.iter_mut() {
+            let n = d.len().min(left);
+            // SAFETY: n bytes remain in the payload area and fit in `d`.
+            unsafe {
+                ptr::copy_nonoverlapping(src, d.as_mut_ptr(), n);
+                src = src.add(n);
+            }
+            left -= n;
+            copied += n;
+        }
+        copied
+    }
+
+    /// Consumer side: consumes the slot returned by `peek` (no-op if none).
+    pub fn pop(&self) {
+        if self.peeked.swap(NOT_PEEKED, Relaxed) == NOT_PEEKED {
+            return;
+        }
+        let tail = self.tail.load(Relaxed).wrapping_add(1);
+        self.tail.store(tail, Relaxed);
+        self.ctl().tail.store(tail, Release);
+    }
+
+    /// True when no slot is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots pushed and not yet popped, from this side's view, clamped to
+    /// `RING_SLOTS`.
+    pub fn len(&self) -> usize {
+        let ctl = self.ctl();
+        let used = if self.producer {
+            self.head.load(Relaxed).wrapping_sub(ctl.tail.load(Acquire))
+        } else {
+            ctl.head.load(Acquire).wrapping_sub(self.tail.load(Relaxed))
+        };
+        used.min(RING_SLOTS as u64) as usize
+    }
+
+    /// Consumer side: sleeps until the producer pushes, `wake` is called or
+    /// `timeout` passes.  Returns at once if a slot is waiting; spurious
+    /// returns are possible.
+    pub fn wait(&self, timeout: Option<Duration>) {
+        let ctl = self.ctl();
+        ctl.sleeping.fetch_add(1, SeqCst);
+        fence(SeqCst);
+        let seq = ctl.futex.load(SeqCst);
+        if ctl.head.load(SeqCst) == self.tail.load(Relaxed) {
+            futex_wait(&ctl.futex, seq, timeout);
+        }
+        ctl.sleeping.fetch_sub(1, SeqCst);
+    }
+
+    /// Wakes every thread sleeping in `wait` on this ring (on disconnect or
+    /// peer death).
+    pub fn wake(&self) {
+        let ctl = self.ctl();
+        ctl.futex.fetch_add(1, SeqCst);
+        futex_wake(&ctl.futex, i32::MAX);
+    }
+}
