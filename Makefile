@@ -1,0 +1,147 @@
+# openvia: build, install and the C conformance programs.
+#
+#   make                      cargo build --release (libvipl.so, libvipl.a, viad)
+#   make install PREFIX=dir   header, libraries, viad and vipl.pc under dir
+#   make uninstall PREFIX=dir
+#   make test-c               stage an install, build tests/c against it, run them
+#   make test-c-asan          the same programs with AddressSanitizer and UBSan
+#   make test-c-valgrind      api_errors, memory and sendrecv under valgrind
+#   make example              build and run examples/pingpong against the stage
+#   make test                 Rust tests and clippy, then test-c, test-c-asan and
+#                             test-c-valgrind
+#
+# test-c, test-c-asan, test-c-valgrind and example install into the staging
+# prefix build/stage unless PREFIX is given.
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+CARGO   ?= cargo
+CC      ?= cc
+INSTALL ?= install
+PKG_CONFIG ?= pkg-config
+
+VERSION := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n 1)
+
+RELEASE := target/release
+AGENT   := $(RELEASE)/viad
+
+# The staging prefix of the test targets.
+ifneq ($(filter command line environment,$(origin PREFIX)),)
+STAGE := $(abspath $(PREFIX))
+else
+STAGE := $(CURDIR)/build/stage
+endif
+
+BUILD := $(CURDIR)/build
+
+# The conformance programs, in the order they run.
+TESTS := api_errors memory sendrecv rdma errors connect cq threads acceptance
+VALGRIND_TESTS := api_errors memory sendrecv
+EXAMPLES := pingpong
+
+TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread
+ASAN_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -pthread \
+	-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+# pkg-config against the staged install only.
+STAGE_PC = PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig PKG_CONFIG_LIBDIR=$(STAGE)/lib/pkgconfig
+VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
+VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
+
+.PHONY: all install uninstall stage test test-rust setup test-c test-c-asan \
+	test-c-valgrind example test-c-build test-c-asan-build clean
+
+all:
+	$(CARGO) build --release
+
+$(BUILD)/vipl.pc: vipl.pc.in Cargo.toml
+	@mkdir -p $(BUILD)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@.tmp
+	mv $@.tmp $@
+
+# vipl.pc depends on PREFIX, so it is always regenerated.
+.PHONY: $(BUILD)/vipl.pc
+
+install: all $(BUILD)/vipl.pc
+	$(INSTALL) -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib \
+		$(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	$(INSTALL) -m 644 include/vipl.h $(DESTDIR)$(PREFIX)/include/vipl.h
+	$(INSTALL) -m 755 $(RELEASE)/libvipl.so $(DESTDIR)$(PREFIX)/lib/libvipl.so
+	$(INSTALL) -m 644 $(RELEASE)/libvipl.a $(DESTDIR)$(PREFIX)/lib/libvipl.a
+	$(INSTALL) -m 755 $(AGENT) $(DESTDIR)$(PREFIX)/bin/viad
+	$(INSTALL) -m 644 $(BUILD)/vipl.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/include/vipl.h \
+		$(DESTDIR)$(PREFIX)/lib/libvipl.so \
+		$(DESTDIR)$(PREFIX)/lib/libvipl.a \
+		$(DESTDIR)$(PREFIX)/bin/viad \
+		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc
+
+# pkg-config and valgrind, if missing (scripts/setup.sh).
+setup:
+	sh scripts/setup.sh
+
+# Install into the staging prefix.
+stage:
+	$(MAKE) --no-print-directory install PREFIX=$(STAGE) DESTDIR=
+
+# ------------------------------------------------------------------
+# Everything
+
+test: setup
+	$(MAKE) --no-print-directory test-rust
+	$(MAKE) --no-print-directory test-c
+	$(MAKE) --no-print-directory test-c-asan
+	$(MAKE) --no-print-directory test-c-valgrind
+
+test-rust:
+	$(CARGO) test --workspace --release --no-fail-fast
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+
+# ------------------------------------------------------------------
+# C conformance programs
+
+test-c-build: stage
+	@mkdir -p $(BUILD)/tests/c
+	@set -e; for t in $(TESTS); do \
+		echo "CC $$t"; \
+		$(CC) $(TEST_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/c/$$t tests/c/$$t.c $(VIPL_LIBS); \
+	done
+
+test-c-asan-build: stage
+	@mkdir -p $(BUILD)/tests/c-asan
+	@set -e; for t in $(TESTS); do \
+		echo "CC (asan) $$t"; \
+		$(CC) $(ASAN_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/c-asan/$$t tests/c/$$t.c $(VIPL_LIBS); \
+	done
+
+test-c: test-c-build
+	STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/c $(TESTS)
+
+test-c-asan: test-c-asan-build
+	STAGE=$(STAGE) ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
+	UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} \
+		sh tests/c/run.sh $(BUILD)/tests/c-asan $(TESTS)
+
+test-c-valgrind: test-c-build
+	STAGE=$(STAGE) VT_TIMEOUT=300 \
+	VT_WRAPPER="valgrind -q --error-exitcode=99 --leak-check=no" \
+		sh tests/c/run.sh $(BUILD)/tests/c $(VALGRIND_TESTS)
+
+# ------------------------------------------------------------------
+# Examples
+
+example: setup stage
+	@mkdir -p $(BUILD)/examples
+	@set -e; for x in $(EXAMPLES); do \
+		echo "CC $$x"; \
+		$(CC) $(TEST_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/examples/$$x examples/$$x.c $(VIPL_LIBS); \
+	done
+	@sock=openvia-example-$$$$-$$(date +%s%N); \
+	echo "VIA_AGENT_SOCKET=$$sock $(BUILD)/examples/pingpong"; \
+	VIA_AGENT_SOCKET=$$sock VIA_VIAD=$(STAGE)/bin/viad timeout 120 $(BUILD)/examples/pingpong; \
+	rc=$$?; $(STAGE)/bin/viad --stop --socket $$sock >/dev/null 2>&1; exit $$rc
+
+clean:
+	rm -rf $(BUILD)
