@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEVICE        "/dev/via_lo"
+#define DEVICE        "/dev/via_lo" /* VIA_DEVICE in the environment overrides it */
 #define DISCRIMINATOR "pingpong"
 #define MSG_SIZE      64      /* bytes per message */
 #define WARMUP        100     /* round trips not measured */
@@ -65,7 +65,8 @@ static void open_endpoint(struct endpoint *ep)
 {
     /* 1. The NIC, and a protection tag: memory and VIs with the same tag
      *    may be used together. */
-    VIP_OK(VipOpenNic(DEVICE, &ep->nic));
+    const char *device = getenv("VIA_DEVICE");
+    VIP_OK(VipOpenNic(device != NULL ? device : DEVICE, &ep->nic));
     VIP_OK(VipCreatePtag(ep->nic, &ep->ptag));
 
     /* 2. Register memory.  The provider reads descriptors and moves data

@@ -26,7 +26,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEVICE "/dev/via_lo"
+#define DEVICE "/dev/via_lo" /* VIA_DEVICE in the environment overrides it */
+
+/* Cross-host runs: `acceptance server TAG` on one host and
+ * `acceptance client TAG HOST` on another; without arguments the program
+ * forks its own server on this host. */
+static const char *server_host;
+
+static const char *device(void)
+{
+    const char *d = getenv("VIA_DEVICE");
+    return d != NULL ? d : DEVICE;
+}
 #define MAXMSG 65536u
 #define RING 256         /* receives the server keeps posted */
 #define CREDIT_BATCH 64  /* the server returns credits in batches */
@@ -128,6 +139,22 @@ static VIP_NET_ADDRESS *make_addr(VIP_NIC_HANDLE nic, const char *disc)
     return a;
 }
 
+/* The server's address: this host, or server_host by the name service. */
+static VIP_NET_ADDRESS *server_addr(VIP_NIC_HANDLE nic, const char *disc)
+{
+    VIP_NET_ADDRESS *a = make_addr(nic, disc);
+    if (server_host != NULL) {
+        size_t dl = a->DiscriminatorLen;
+        char keep[64];
+        memcpy(keep, a->HostAddress + a->HostAddressLen, dl);
+        CHECK_RC(VIP_SUCCESS, VipNSInit(nic, NULL));
+        CHECK_RC(VIP_SUCCESS, VipNSGetHostByName(nic, (VIP_CHAR *)server_host, a, 0));
+        memcpy(a->HostAddress + a->HostAddressLen, keep, dl);
+        a->DiscriminatorLen = (VIP_UINT16)dl;
+    }
+    return a;
+}
+
 static void disc_name(char *out, size_t n, const char *what, pid_t pid)
 {
     snprintf(out, n, "acceptance-%s-%d", what, (int)pid);
@@ -176,7 +203,7 @@ static int server(pid_t parent)
     char disc[64];
 
     role = "server";
-    CHECK_RC(VIP_SUCCESS, VipOpenNic(DEVICE, &nic));
+    CHECK_RC(VIP_SUCCESS, VipOpenNic(device(), &nic));
     CHECK_RC(VIP_SUCCESS, VipCreatePtag(nic, &ptag));
     plain.Ptag = ptag;
     rdmaw.Ptag = ptag;
@@ -428,7 +455,7 @@ static int client(pid_t parent)
 
     memset(&c, 0, sizeof c);
     c.credits = RING;
-    CHECK_RC(VIP_SUCCESS, VipOpenNic(DEVICE, &nic));
+    CHECK_RC(VIP_SUCCESS, VipOpenNic(device(), &nic));
     CHECK_RC(VIP_SUCCESS, VipCreatePtag(nic, &ptag));
     plain.Ptag = ptag;
     CHECK_RC(VIP_SUCCESS, VipCreateCQ(nic, 64, &cq));
@@ -462,12 +489,12 @@ static int client(pid_t parent)
     disc_name(disc, sizeof disc, "client", parent);
     VIP_NET_ADDRESS *local = make_addr(nic, disc);
     disc_name(disc, sizeof disc, "data", parent);
-    VIP_NET_ADDRESS *srv = make_addr(nic, disc);
+    VIP_NET_ADDRESS *srv = server_addr(nic, disc);
     CHECK_RC(VIP_SUCCESS, VipConnectRequest(c.vi, local, srv, WAIT_MS, &ra));
     CHECK_EQU(VIP_SERVICE_RELIABLE_DELIVERY, ra.ReliabilityLevel);
     free(srv);
     disc_name(disc, sizeof disc, "rdma", parent);
-    srv = make_addr(nic, disc);
+    srv = server_addr(nic, disc);
     CHECK_RC(VIP_SUCCESS, VipConnectRequest(vi2, local, srv, WAIT_MS, &ra));
     free(srv);
     free(local);
@@ -577,9 +604,20 @@ static int client(pid_t parent)
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
+    if (argc >= 3 && strcmp(argv[1], "server") == 0) {
+        CHECK(server((pid_t)atoi(argv[2])) == 0);
+        printf("acceptance server: ok\n");
+        return 0;
+    }
+    if (argc >= 4 && strcmp(argv[1], "client") == 0) {
+        server_host = argv[3];
+        CHECK(client((pid_t)atoi(argv[2])) == 0);
+        printf("acceptance client: ok\n");
+        return 0;
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     CHECK(pid >= 0);

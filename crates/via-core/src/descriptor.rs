@@ -66,11 +66,7 @@ impl DescPtr {
     /// Segment `i` (0-based, after the control segment).
     pub fn segment(self, i: usize) -> RawSegment {
         let base = CONTROL_SEGMENT_BYTES + i * DATA_SEGMENT_BYTES;
-        RawSegment {
-            addr: self.read(base),
-            handle: self.read(base + 8),
-            len: self.read(base + 12),
-        }
+        RawSegment { addr: self.read(base), handle: self.read(base + 8), len: self.read(base + 12) }
     }
     /// Clears `Status` at post time, as the specification requires of the provider.
     pub fn clear_status(self) {
@@ -156,22 +152,12 @@ pub struct Rules<'a> {
 /// `VIP_DESCRIPTOR_ERROR`.
 pub fn descriptor_placement_ok(desc: DescPtr, handle: u32, rules: &Rules) -> bool {
     desc.0.is_multiple_of(DESCRIPTOR_ALIGNMENT)
-        && rules.registry.check_local(
-            handle,
-            desc.0 as u64,
-            CONTROL_SEGMENT_BYTES as u64,
-            rules.ptag,
-        )
+        && rules.registry.check_local(handle, desc.0 as u64, CONTROL_SEGMENT_BYTES as u64, rules.ptag)
 }
 
 /// Validates a posted descriptor.  `Err` holds the status error bits the
 /// descriptor completes with.
-pub fn validate(
-    desc: DescPtr,
-    handle: u32,
-    receive_queue: bool,
-    rules: &Rules,
-) -> Result<WorkRequest, u32> {
+pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) -> Result<WorkRequest, u32> {
     let control = desc.control();
     let count = desc.seg_count() as usize;
     if control & CONTROL_RESERVED != 0 || count > limits::MAX_SEGMENTS_PER_DESC {
@@ -179,10 +165,7 @@ pub fn validate(
     }
     // The whole descriptor, segments included, must be registered memory.
     let extent = (CONTROL_SEGMENT_BYTES + count * DATA_SEGMENT_BYTES) as u64;
-    if !rules
-        .registry
-        .check_local(handle, desc.0 as u64, extent, rules.ptag)
-    {
+    if !rules.registry.check_local(handle, desc.0 as u64, extent, rules.ptag) {
         return Err(STATUS_PROTECTION_ERROR);
     }
     let op = match control & CONTROL_OP_MASK {
@@ -205,32 +188,19 @@ pub fn validate(
     let mut total = 0u64;
     for i in first_data..count {
         let seg = desc.segment(i);
-        if !rules
-            .registry
-            .check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag)
-        {
+        if !rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag) {
             return Err(STATUS_PROTECTION_ERROR);
         }
         total += seg.len as u64;
         if seg.len > 0 {
-            segs.push(LocalSeg {
-                addr: seg.addr,
-                len: seg.len,
-            });
+            segs.push(LocalSeg { addr: seg.addr, len: seg.len });
         }
     }
     if total > rules.max_transfer {
         return Err(STATUS_LENGTH_ERROR);
     }
     let immediate = (control & CONTROL_IMMEDIATE != 0 && !receive_queue).then(|| desc.immediate());
-    Ok(WorkRequest {
-        op,
-        immediate,
-        fence: control & CONTROL_QFENCE != 0,
-        remote,
-        segs,
-        total,
-    })
+    Ok(WorkRequest { op, immediate, fence: control & CONTROL_QFENCE != 0, remote, segs, total })
 }
 
 #[cfg(test)]
@@ -260,19 +230,10 @@ mod tests {
         let mut mem = Mem([0; 4096]);
         let base = mem.0.as_ptr() as u64;
         let h = reg.register(base, 4096, 5, 0, false).unwrap();
-        let rules = Rules {
-            registry: &reg,
-            ptag: 5,
-            max_transfer: 1 << 20,
-            rdma_read: true,
-        };
+        let rules = Rules { registry: &reg, ptag: 5, max_transfer: 1 << 20, rdma_read: true };
         let desc = DescPtr(base as usize);
         assert!(descriptor_placement_ok(desc, h, &rules));
-        assert!(!descriptor_placement_ok(
-            DescPtr(base as usize + 8),
-            h,
-            &rules
-        ));
+        assert!(!descriptor_placement_ok(DescPtr(base as usize + 8), h, &rules));
 
         set_cs(&mut mem, CONTROL_OP_SENDRECV | CONTROL_IMMEDIATE, 2, 0xabcd);
         put_seg(&mut mem, 0, base + 1024, h, 100);
@@ -285,32 +246,20 @@ mod tests {
 
         // A segment straying out of the region is a protection error.
         put_seg(&mut mem, 1, base + 4090, h, 50);
-        assert_eq!(
-            validate(desc, h, false, &rules),
-            Err(STATUS_PROTECTION_ERROR)
-        );
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
         // Another tag is a protection error too.
         let other = Rules { ptag: 6, ..rules };
-        assert_eq!(
-            validate(desc, h, false, &other),
-            Err(STATUS_PROTECTION_ERROR)
-        );
+        assert_eq!(validate(desc, h, false, &other), Err(STATUS_PROTECTION_ERROR));
 
         set_cs(&mut mem, CONTROL_OP_RDMAWRITE, 2, 0);
         put_seg(&mut mem, 0, 0x1000, 77, 0);
         put_seg(&mut mem, 1, base + 1024, h, 8);
         let wr = validate(desc, h, false, &rules).unwrap();
-        assert_eq!(
-            (wr.op, wr.remote, wr.total),
-            (Op::RdmaWrite, Some((0x1000, 77)), 8)
-        );
+        assert_eq!((wr.op, wr.remote, wr.total), (Op::RdmaWrite, Some((0x1000, 77)), 8));
         assert_eq!(validate(desc, h, true, &rules), Err(STATUS_FORMAT_ERROR));
 
         set_cs(&mut mem, CONTROL_OP_RDMAREAD, 2, 0);
-        let no_read = Rules {
-            rdma_read: false,
-            ..rules
-        };
+        let no_read = Rules { rdma_read: false, ..rules };
         assert_eq!(validate(desc, h, false, &no_read), Err(STATUS_FORMAT_ERROR));
     }
 
@@ -320,12 +269,7 @@ mod tests {
         let mut mem = Mem([0; 4096]);
         let base = mem.0.as_ptr() as u64;
         let h = reg.register(base, 4096, 1, 0, false).unwrap();
-        let rules = Rules {
-            registry: &reg,
-            ptag: 1,
-            max_transfer: 100,
-            rdma_read: false,
-        };
+        let rules = Rules { registry: &reg, ptag: 1, max_transfer: 100, rdma_read: false };
         let desc = DescPtr(base as usize);
         set_cs(&mut mem, 0x10, 0, 0);
         assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
@@ -347,10 +291,7 @@ mod tests {
         let mut mem = Mem([0; 4096]);
         let desc = DescPtr(mem.0.as_mut_ptr() as usize);
         desc.complete(STATUS_OP_RECEIVE | STATUS_IMMEDIATE, 42, Some(7));
-        assert_eq!(
-            desc.status(),
-            STATUS_DONE | STATUS_OP_RECEIVE | STATUS_IMMEDIATE
-        );
+        assert_eq!(desc.status(), STATUS_DONE | STATUS_OP_RECEIVE | STATUS_IMMEDIATE);
         assert_eq!(desc.immediate(), 7);
         assert_eq!(u32::from_ne_bytes(mem.0[24..28].try_into().unwrap()), 42);
     }

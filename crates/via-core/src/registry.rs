@@ -62,12 +62,7 @@ impl Region {
         if generation == 0 || generation != handle >> 16 {
             return None;
         }
-        let region = Region {
-            ptag: word(4),
-            flags: word(8),
-            addr: dword(16),
-            len: dword(24),
-        };
+        let region = Region { ptag: word(4), flags: word(8), addr: dword(16), len: dword(24) };
         region.addr.checked_add(region.len)?;
         Some(region)
     }
@@ -140,14 +135,7 @@ impl Registry {
     }
 
     /// Registers `[addr, addr + len)` and returns its handle.
-    pub fn register(
-        &self,
-        addr: u64,
-        len: u64,
-        ptag: u32,
-        flags: u32,
-        pin: bool,
-    ) -> ViaResult<u32> {
+    pub fn register(&self, addr: u64, len: u64, ptag: u32, flags: u32, pin: bool) -> ViaResult<u32> {
         if addr == 0 || len == 0 || addr.checked_add(len).is_none() {
             return Err(ViaError::InvalidParameter);
         }
@@ -165,11 +153,7 @@ impl Registry {
         }
         alloc.pinned[index] = pin;
         let generation = alloc.next_generation[index];
-        alloc.next_generation[index] = if generation == u16::MAX {
-            1
-        } else {
-            generation + 1
-        };
+        alloc.next_generation[index] = if generation == u16::MAX { 1 } else { generation + 1 };
         *alloc.ptag_users.entry(ptag).or_default() += 1;
         let slot = self.slot(index);
         slot.ptag.store(ptag, Ordering::Relaxed);
@@ -242,12 +226,7 @@ impl Registry {
 
     /// Number of regions registered with `ptag`.
     pub fn ptag_users(&self, ptag: u32) -> usize {
-        self.alloc
-            .lock()
-            .ptag_users
-            .get(&ptag)
-            .copied()
-            .unwrap_or(0)
+        self.alloc.lock().ptag_users.get(&ptag).copied().unwrap_or(0)
     }
 
     /// Checks that `[addr, addr + len)` is inside the region of `handle` and carries `ptag`.
@@ -272,12 +251,7 @@ impl Drop for Registry {
             }
         }
         // SAFETY: the mapping made in new().
-        unsafe {
-            libc::munmap(
-                self.table as *mut libc::c_void,
-                SLOTS * std::mem::size_of::<Slot>(),
-            )
-        };
+        unsafe { libc::munmap(self.table as *mut libc::c_void, SLOTS * std::mem::size_of::<Slot>()) };
     }
 }
 
@@ -290,15 +264,10 @@ mod tests {
         let reg = Registry::new().unwrap();
         let buf = vec![0u8; 4096];
         let addr = buf.as_ptr() as u64;
-        let h = reg
-            .register(addr, 4096, 7, REGION_RDMA_WRITE, false)
-            .unwrap();
+        let h = reg.register(addr, 4096, 7, REGION_RDMA_WRITE, false).unwrap();
         assert_ne!(h, 0);
         let r = reg.lookup(h).unwrap();
-        assert_eq!(
-            (r.addr, r.len, r.ptag, r.flags),
-            (addr, 4096, 7, REGION_RDMA_WRITE)
-        );
+        assert_eq!((r.addr, r.len, r.ptag, r.flags), (addr, 4096, 7, REGION_RDMA_WRITE));
         assert!(reg.check_local(h, addr + 100, 100, 7));
         assert!(!reg.check_local(h, addr + 4000, 100, 7));
         assert!(!reg.check_local(h, addr, 10, 8));
@@ -320,29 +289,19 @@ mod tests {
         for h in [0u32, 1, 0xFFFF, 0x1_0000, 0xDEAD_BEEF, u32::MAX] {
             assert!(reg.lookup(h).is_none(), "{h:#x}");
         }
-        assert_eq!(
-            reg.register(0, 10, 1, 0, false),
-            Err(ViaError::InvalidParameter)
-        );
-        assert_eq!(
-            reg.register(4096, 0, 1, 0, false),
-            Err(ViaError::InvalidParameter)
-        );
+        assert_eq!(reg.register(0, 10, 1, 0, false), Err(ViaError::InvalidParameter));
+        assert_eq!(reg.register(4096, 0, 1, 0, false), Err(ViaError::InvalidParameter));
     }
 
     #[test]
     fn remote_slot_decoding_checks_the_generation() {
         let reg = Registry::new().unwrap();
         let buf = [0u8; 64];
-        let h = reg
-            .register(buf.as_ptr() as u64, 64, 3, REGION_RDMA_READ, false)
-            .unwrap();
+        let h = reg.register(buf.as_ptr() as u64, 64, 3, REGION_RDMA_READ, false).unwrap();
         let at = slot_address(reg.table_address(), h).unwrap();
         let mut bytes = [0u8; REGION_SLOT_BYTES];
         // SAFETY: reading our own table as a peer would.
-        unsafe {
-            std::ptr::copy_nonoverlapping(at as *const u8, bytes.as_mut_ptr(), REGION_SLOT_BYTES)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(at as *const u8, bytes.as_mut_ptr(), REGION_SLOT_BYTES) };
         let r = Region::from_remote_slot(&bytes, h).unwrap();
         assert_eq!(r, reg.lookup(h).unwrap());
         assert!(Region::from_remote_slot(&bytes, h ^ 0x1_0000).is_none());

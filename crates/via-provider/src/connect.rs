@@ -9,6 +9,7 @@
 
 use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
+use crate::net::{NetLink, NetPort};
 use crate::nic::Nic;
 use crate::provider;
 use crate::timeout::Deadline;
@@ -16,10 +17,12 @@ use crate::vi::{Vi, ViState};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
+use via_core::consts::SERVICE_UNRELIABLE;
 use via_core::error::{ViaError, ViaResult};
 use via_shm::conn::{ConnSegment, Side, CONN_SEGMENT_BYTES};
 use via_shm::inbox::Inbox;
 use via_shm::region::SharedRegion;
+use via_wire::cm::CmEndpoint;
 use viad::client::{self, AgentError, ConnFds, Request};
 
 /// An established (or being established) connection.
@@ -32,6 +35,8 @@ pub struct Conn {
     pub peer_inbox: Inbox,
     /// The peer's endpoint.
     pub peer: Endpoint,
+    /// The helper thread's token for this connection (0: not watched).
+    pub token: std::sync::atomic::AtomicU64,
 }
 
 impl Conn {
@@ -51,7 +56,20 @@ pub struct PendingConn {
     pub remote_disc: Vec<u8>,
     /// The client's endpoint.
     pub peer: Endpoint,
-    parts: Mutex<Option<Parts>>,
+    parts: Mutex<Option<Answer>>,
+}
+
+/// How a pending request is answered: on its socket pair (same host) or
+/// through the host agent (another host).
+enum Answer {
+    Local(Parts),
+    Remote { responder: client::Responder, endpoint: CmEndpoint },
+}
+
+/// A connection being completed: shared memory or network.
+pub(crate) enum Linked {
+    Shm(Arc<Conn>),
+    Net(Arc<NetLink>, Endpoint),
 }
 
 struct Parts {
@@ -77,12 +95,7 @@ fn send_msg(socket: &OwnedFd, msg: &PeerMessage) -> std::io::Result<()> {
     let bytes = msg.encode();
     // SAFETY: plain send on a socket we own.
     let n = unsafe {
-        libc::send(
-            socket.as_raw_fd(),
-            bytes.as_ptr() as *const libc::c_void,
-            bytes.len(),
-            libc::MSG_NOSIGNAL,
-        )
+        libc::send(socket.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, bytes.len(), libc::MSG_NOSIGNAL)
     };
     if n == bytes.len() as isize {
         Ok(())
@@ -93,19 +106,10 @@ fn send_msg(socket: &OwnedFd, msg: &PeerMessage) -> std::io::Result<()> {
 
 /// Receives one message, waiting up to the deadline.  `Ok(None)` on timeout;
 /// a closed socket or garbage is an error.
-pub(crate) fn recv_msg(
-    socket: &OwnedFd,
-    deadline: &Deadline,
-) -> std::io::Result<Option<PeerMessage>> {
+pub(crate) fn recv_msg(socket: &OwnedFd, deadline: &Deadline) -> std::io::Result<Option<PeerMessage>> {
     loop {
-        let ms = deadline
-            .remaining()
-            .map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
-        let mut pfd = libc::pollfd {
-            fd: socket.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let ms = deadline.remaining().map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+        let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one pollfd.
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
         if r < 0 {
@@ -126,30 +130,18 @@ pub(crate) fn recv_msg(
 pub(crate) fn read_msg(socket: &OwnedFd) -> std::io::Result<Option<PeerMessage>> {
     let mut buf = [0u8; 128];
     // SAFETY: reading into a local buffer.
-    let n = unsafe {
-        libc::recv(
-            socket.as_raw_fd(),
-            buf.as_mut_ptr() as *mut libc::c_void,
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
+    let n =
+        unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
     if n < 0 {
         let e = std::io::Error::last_os_error();
-        return if e.kind() == std::io::ErrorKind::WouldBlock {
-            Ok(None)
-        } else {
-            Err(e)
-        };
+        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
     }
     if n == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     PeerMessage::decode(&buf[..n as usize])
         .map(Some)
-        .ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed peer message")
-        })
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed peer message"))
 }
 
 fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
@@ -160,11 +152,7 @@ fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
     let region = SharedRegion::map(fds.segment).map_err(|e| fail("segment", &e))?;
     let seg = ConnSegment::new(region, side).map_err(|e| fail("segment", &e))?;
     let peer_inbox = Inbox::map(fds.peer_inbox).map_err(|e| fail("peer inbox", &e))?;
-    Ok(Parts {
-        seg: Arc::new(seg),
-        socket: fds.socket,
-        peer_inbox,
-    })
+    Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_inbox })
 }
 
 fn side(s: client::Side) -> Side {
@@ -187,44 +175,41 @@ pub struct NetAddress {
 pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaResult<Handle> {
     let deadline = Deadline::after_ms(timeout_ms);
     loop {
-        let incoming = client::listen(
-            &nic.device.host_addr,
-            &local.disc,
-            &[],
-            nic.inbox.fd(),
-            deadline.remaining(),
-        )
-        .map_err(agent_error)?;
-        let parts = map_parts(incoming.fds, Side::B)?;
-        // The client says Ready once its receives are published.
-        match recv_msg(&parts.socket, &deadline) {
-            Ok(Some(PeerMessage::Ready(peer))) => {
-                let pending = PendingConn {
-                    nic: nic.clone(),
-                    remote_host: incoming.remote_host,
-                    remote_disc: incoming.remote_disc,
-                    peer,
-                    parts: Mutex::new(Some(parts)),
-                };
-                return provider()
-                    .conns
-                    .insert(|_| Arc::new(pending))
-                    .map(|(h, _)| h)
-                    .ok_or(ViaError::Resource);
+        let incoming = client::listen(&nic.device.host_addr, &local.disc, &[], nic.inbox.fd(), deadline.remaining())
+            .map_err(agent_error)?;
+        let (peer, answer) = match incoming.transport {
+            client::Transport::Local(fds) => {
+                let parts = map_parts(fds, Side::B)?;
+                // The client says Ready once its receives are published.
+                match recv_msg(&parts.socket, &deadline) {
+                    Ok(Some(PeerMessage::Ready(peer))) => (peer, Answer::Local(parts)),
+                    Ok(None) => return Err(ViaError::Timeout),
+                    // A client that vanished during the handshake: wait for the next one.
+                    _ => continue,
+                }
             }
-            Ok(None) => return Err(ViaError::Timeout),
-            // A client that vanished during the handshake: wait for the next one.
-            _ => continue,
-        }
+            client::Transport::Remote(responder) => match client::decode_endpoint(&incoming.remote_info) {
+                Some(endpoint) => (endpoint_of(&endpoint), Answer::Remote { responder, endpoint }),
+                None => {
+                    let _ = responder.reject();
+                    continue;
+                }
+            },
+        };
+        let pending = PendingConn {
+            nic: nic.clone(),
+            remote_host: incoming.remote_host,
+            remote_disc: incoming.remote_disc,
+            peer,
+            parts: Mutex::new(Some(answer)),
+        };
+        return provider().conns.insert(|_| Arc::new(pending)).map(|(h, _)| h).ok_or(ViaError::Resource);
     }
 }
 
 /// `VipConnectAccept`.
 pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
-    let pending = provider()
-        .conns
-        .get(conn)
-        .ok_or(ViaError::InvalidParameter)?;
+    let pending = provider().conns.get(conn).ok_or(ViaError::InvalidParameter)?;
     if vi.nic.handle != pending.nic.handle {
         return Err(ViaError::InvalidParameter);
     }
@@ -238,46 +223,121 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
     if attrs.max_transfer != pending.peer.max_transfer {
         return Err(ViaError::InvalidMtu);
     }
-    let parts = pending
-        .parts
-        .lock()
-        .take()
-        .ok_or(ViaError::InvalidParameter)?;
+    let answer = pending.parts.lock().take().ok_or(ViaError::InvalidParameter)?;
     provider().conns.remove(conn);
-    vi.attach_segment(parts.seg.clone())?;
-    let conn = Arc::new(Conn {
-        seg: parts.seg,
-        socket: parts.socket,
-        peer_inbox: parts.peer_inbox,
-        peer: pending.peer,
-    });
-    if send_msg(&conn.socket, &PeerMessage::Accept(vi.endpoint())).is_err() {
-        vi.detach_segment();
-        return Err(ViaError::Timeout);
+    match answer {
+        Answer::Local(parts) => {
+            vi.attach_segment(parts.seg.clone())?;
+            let conn = Arc::new(Conn {
+                seg: parts.seg,
+                socket: parts.socket,
+                peer_inbox: parts.peer_inbox,
+                peer: pending.peer,
+                token: Default::default(),
+            });
+            if send_msg(&conn.socket, &PeerMessage::Accept(vi.endpoint())).is_err() {
+                vi.detach_segment();
+                return Err(ViaError::Timeout);
+            }
+            vi.connected(conn);
+        }
+        Answer::Remote { responder, endpoint } => {
+            let (port, key, info) = net_identity(vi)?;
+            let link = net_link(vi, port, key, &endpoint);
+            // Connected before answering, so that the client's first packets find the VI.
+            vi.connected_net(link);
+            if let Err(e) = responder.accept(&info) {
+                tracing::warn!("accepting a remote connection: {e}");
+                let _ = vi.disconnect();
+                return Err(ViaError::Timeout);
+            }
+        }
     }
-    vi.connected(conn);
     Ok(())
 }
 
 /// `VipConnectReject`.
 pub fn reject(conn: Handle) -> ViaResult<()> {
-    let pending = provider()
-        .conns
-        .remove(conn)
-        .ok_or(ViaError::InvalidParameter)?;
-    if let Some(parts) = pending.parts.lock().take() {
-        let _ = send_msg(&parts.socket, &PeerMessage::Reject);
+    let pending = provider().conns.remove(conn).ok_or(ViaError::InvalidParameter)?;
+    match pending.parts.lock().take() {
+        Some(Answer::Local(parts)) => {
+            let _ = send_msg(&parts.socket, &PeerMessage::Reject);
+        }
+        Some(Answer::Remote { responder, .. }) => {
+            let _ = responder.reject();
+        }
+        None => {}
     }
     Ok(())
 }
 
-fn request<'a>(vi: &'a Vi, remote: &'a NetAddress, local: &'a NetAddress) -> Request<'a> {
+/// The VI's identity on the network: the NIC's port, a fresh key, and the
+/// encoded endpoint that travels in the connection request.  Devices
+/// without an IPv4 address have no port: they connect on this host only.
+fn net_identity(vi: &Vi) -> ViaResult<(Arc<NetPort>, u64, Vec<u8>)> {
+    let port = vi.nic.port()?;
+    let key = random_key();
+    let a = vi.attrs();
+    let endpoint = CmEndpoint {
+        addr: port.local,
+        vi: vi.handle as u32,
+        key,
+        reliability: a.reliability,
+        max_transfer: a.max_transfer.min(u32::MAX as u64) as u32,
+        rdma_write: a.rdma_write,
+        rdma_read: a.rdma_read,
+        segment: port.segment as u32,
+    };
+    Ok((port, key, client::encode_endpoint(&endpoint)))
+}
+
+fn net_link(vi: &Vi, port: Arc<NetPort>, key: u64, remote: &CmEndpoint) -> Arc<NetLink> {
+    let a = vi.attrs();
+    let config = via_reliable::Config {
+        reliable: a.reliability != SERVICE_UNRELIABLE,
+        max_payload: port.segment.min(remote.segment as usize).max(1),
+        max_message: a.max_transfer.min(u32::MAX as u64) as u32,
+        ..Default::default()
+    };
+    let local = via_reliable::Peer { vi: vi.handle as u32, key };
+    let peer = via_reliable::Peer { vi: remote.vi, key: remote.key };
+    Arc::new(NetLink::new(port, remote.addr, config, local, peer))
+}
+
+/// A remote endpoint as the VI attributes report it.
+fn endpoint_of(e: &CmEndpoint) -> Endpoint {
+    Endpoint {
+        pid: 0,
+        vi: e.vi as u64,
+        recv_cq: crate::endpoint::NO_CQ,
+        reliability: e.reliability,
+        max_transfer: e.max_transfer as u64,
+        rdma_write: e.rdma_write,
+        rdma_read: e.rdma_read,
+        ptag: 0,
+        registry: 0,
+    }
+}
+
+fn random_key() -> u64 {
+    let mut key = 0u64;
+    // SAFETY: getrandom into a local u64.
+    let n = unsafe { libc::getrandom(&mut key as *mut u64 as *mut libc::c_void, 8, 0) };
+    if n != 8 {
+        // Not cryptographic, but never the same twice in a process.
+        key = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            ^ ((std::process::id() as u64) << 32);
+    }
+    key | 1
+}
+
+fn request<'a>(vi: &'a Vi, remote: &'a NetAddress, local: &'a NetAddress, info: &'a [u8]) -> Request<'a> {
     Request {
         local_host: &vi.nic.device.host_addr,
         local_disc: &local.disc,
         remote_host: &remote.host,
         remote_disc: &remote.disc,
-        info: &[],
+        info,
         inbox: vi.nic.inbox.fd(),
         segment_bytes: CONN_SEGMENT_BYTES as u64,
     }
@@ -299,43 +359,82 @@ fn abort(vi: &Vi) {
     vi.set_state(ViState::Idle);
 }
 
-/// `VipConnectRequest`: returns the server's endpoint.
-pub fn connect_request(
+/// Completes the shared-memory handshake after `viad` matched us: map,
+/// publish receives, say Ready, and wait for `expect` (Accept or the peer's Ready).
+fn shm_handshake(vi: &Vi, fds: ConnFds, side: Side, deadline: &Deadline, peer_model: bool) -> ViaResult<Arc<Conn>> {
+    let parts = map_parts(fds, side)?;
+    vi.attach_segment(parts.seg.clone())?;
+    send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint())).map_err(|_| ViaError::Timeout)?;
+    let peer = match recv_msg(&parts.socket, deadline) {
+        Ok(Some(PeerMessage::Accept(peer))) if !peer_model => peer,
+        Ok(Some(PeerMessage::Ready(peer))) if peer_model => peer,
+        Ok(Some(PeerMessage::Reject)) => return Err(ViaError::Reject),
+        Ok(None) => return Err(ViaError::Timeout),
+        _ if peer_model => return Err(ViaError::Timeout),
+        _ => return Err(ViaError::Reject),
+    };
+    Ok(Arc::new(Conn {
+        seg: parts.seg,
+        socket: parts.socket,
+        peer_inbox: parts.peer_inbox,
+        peer,
+        token: Default::default(),
+    }))
+}
+
+/// Runs one rendezvous (client-server or peer) to a linked connection.
+fn rendezvous(
     vi: &Arc<Vi>,
     local: &NetAddress,
     remote: &NetAddress,
-    timeout_ms: u64,
-) -> ViaResult<Endpoint> {
+    deadline: &Deadline,
+    peer_model: bool,
+) -> ViaResult<Linked> {
+    let identity = if client::is_local_host(&remote.host) { None } else { Some(net_identity(vi)?) };
+    let info = identity.as_ref().map_or(Vec::new(), |(_, _, info)| info.clone());
+    let req = request(vi, remote, local, &info);
+    let matched = if peer_model {
+        // Unmatched at its timeout is a timeout in the peer model.
+        client::peer_connect(&req, deadline.remaining_or_long()).map_err(|e| match agent_error(e) {
+            ViaError::NoMatch => ViaError::Timeout,
+            other => other,
+        })?
+    } else {
+        client::connect(&req, deadline.remaining_or_long()).map_err(agent_error)?
+    };
+    match (matched.fds, identity) {
+        (Some(fds), _) => Ok(Linked::Shm(shm_handshake(vi, fds, side(matched.side), deadline, peer_model)?)),
+        (None, Some((port, key, _))) => {
+            let endpoint = client::decode_endpoint(&matched.remote_info).ok_or(ViaError::NotReachable)?;
+            Ok(Linked::Net(net_link(vi, port, key, &endpoint), endpoint_of(&endpoint)))
+        }
+        (None, None) => Err(ViaError::NotReachable),
+    }
+}
+
+fn finish(vi: &Arc<Vi>, linked: Linked) -> Endpoint {
+    match linked {
+        Linked::Shm(conn) => {
+            let peer = conn.peer;
+            vi.connected(conn);
+            peer
+        }
+        Linked::Net(link, peer) => {
+            vi.connected_net(link);
+            peer
+        }
+    }
+}
+
+/// `VipConnectRequest`: returns the server's endpoint.
+pub fn connect_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<Endpoint> {
     if timeout_ms == 0 {
         return Err(ViaError::InvalidParameter);
     }
     begin(vi)?;
     let deadline = Deadline::after_ms(timeout_ms);
-    let result = (|| {
-        let matched = client::connect(&request(vi, remote, local), deadline.remaining_or_long())
-            .map_err(agent_error)?;
-        let parts = map_parts(matched.fds, Side::A)?;
-        vi.attach_segment(parts.seg.clone())?;
-        send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint()))
-            .map_err(|_| ViaError::Timeout)?;
-        match recv_msg(&parts.socket, &deadline) {
-            Ok(Some(PeerMessage::Accept(peer))) => Ok(Arc::new(Conn {
-                seg: parts.seg,
-                socket: parts.socket,
-                peer_inbox: parts.peer_inbox,
-                peer,
-            })),
-            Ok(Some(PeerMessage::Reject)) => Err(ViaError::Reject),
-            Ok(None) => Err(ViaError::Timeout),
-            _ => Err(ViaError::Reject),
-        }
-    })();
-    match result {
-        Ok(conn) => {
-            let peer = conn.peer;
-            vi.connected(conn);
-            Ok(peer)
-        }
+    match rendezvous(vi, local, remote, &deadline, false) {
+        Ok(linked) => Ok(finish(vi, linked)),
         Err(e) => {
             abort(vi);
             Err(e)
@@ -344,12 +443,7 @@ pub fn connect_request(
 }
 
 /// `VipConnectPeerRequest`: starts the rendezvous and returns at once.
-pub fn peer_request(
-    vi: &Arc<Vi>,
-    local: &NetAddress,
-    remote: &NetAddress,
-    timeout_ms: u64,
-) -> ViaResult<()> {
+pub fn peer_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<()> {
     if timeout_ms == 0 {
         return Err(ViaError::InvalidParameter);
     }
@@ -360,34 +454,9 @@ pub fn peer_request(
     std::thread::Builder::new()
         .name("via-peer-connect".into())
         .spawn(move || {
-            let vi = vi2;
-            let outcome = (|| {
-                let matched = client::peer_connect(
-                    &request(&vi, &remote, &local),
-                    deadline.remaining_or_long(),
-                )
-                // Unmatched at its timeout is a timeout in the peer model.
-                .map_err(|e| match agent_error(e) {
-                    ViaError::NoMatch => ViaError::Timeout,
-                    other => other,
-                })?;
-                let parts = map_parts(matched.fds, side(matched.side))?;
-                vi.attach_segment(parts.seg.clone())?;
-                send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint()))
-                    .map_err(|_| ViaError::Timeout)?;
-                match recv_msg(&parts.socket, &deadline) {
-                    Ok(Some(PeerMessage::Ready(peer))) => Ok(Arc::new(Conn {
-                        seg: parts.seg,
-                        socket: parts.socket,
-                        peer_inbox: parts.peer_inbox,
-                        peer,
-                    })),
-                    Ok(None) => Err(ViaError::Timeout),
-                    _ => Err(ViaError::NoMatch),
-                }
-            })();
-            *vi.peer_outcome.lock() = Some(outcome);
-            vi.bump();
+            let outcome = rendezvous(&vi2, &local, &remote, &deadline, true);
+            *vi2.peer_outcome.lock() = Some(outcome);
+            vi2.bump();
         })
         .map_err(|_| ViaError::Resource)?;
     Ok(())
@@ -402,12 +471,17 @@ pub fn peer_done(vi: &Arc<Vi>, wait: bool) -> ViaResult<Endpoint> {
     loop {
         let outcome = vi.peer_outcome.lock().take();
         match outcome {
-            Some(Ok(conn)) => {
-                let peer = conn.peer;
+            Some(Ok(linked)) => {
+                let peer = match &linked {
+                    Linked::Shm(conn) => conn.peer,
+                    Linked::Net(_, peer) => *peer,
+                };
                 let attrs = vi.attrs();
-                if attrs.reliability != peer.reliability || attrs.max_transfer != peer.max_transfer
-                {
-                    conn.tell(PeerMessage::Break(crate::nic::error_code::CONN_LOST));
+                if attrs.reliability != peer.reliability || attrs.max_transfer != peer.max_transfer {
+                    match &linked {
+                        Linked::Shm(conn) => conn.tell(PeerMessage::Break(crate::nic::error_code::CONN_LOST)),
+                        Linked::Net(link, _) => link.close(Some(crate::nic::error_code::CONN_LOST)),
+                    }
                     abort(vi);
                     return Err(if attrs.reliability != peer.reliability {
                         ViaError::InvalidReliabilityLevel
@@ -415,8 +489,7 @@ pub fn peer_done(vi: &Arc<Vi>, wait: bool) -> ViaResult<Endpoint> {
                         ViaError::InvalidMtu
                     });
                 }
-                vi.connected(conn);
-                return Ok(peer);
+                return Ok(finish(vi, linked));
             }
             Some(Err(e)) => {
                 abort(vi);

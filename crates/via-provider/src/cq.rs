@@ -32,10 +32,7 @@ impl CqEntry {
     }
     /// Parses an inbox word (untrusted: the VI is looked up before use).
     pub fn decode(word: u64) -> CqEntry {
-        CqEntry {
-            vi: (word & 0x00FF_FFFF_FFFF_FFFF) | ((Kind::Vi as u64) << 56),
-            recv: word >> 63 == 1,
-        }
+        CqEntry { vi: (word & 0x00FF_FFFF_FFFF_FFFF) | ((Kind::Vi as u64) << 56), recv: word >> 63 == 1 }
     }
 }
 
@@ -135,6 +132,7 @@ impl Cq {
 
     /// `VipCQDone`: the next completion, if any.
     pub fn done(&self) -> ViaResult<CqEntry> {
+        self.nic.poll_net();
         if self.nic.inbox.take_overflow(self.index) {
             self.overflowed();
         }
@@ -166,10 +164,7 @@ impl Cq {
                 std::hint::spin_loop();
                 continue;
             }
-            self.nic.inbox.wait(
-                self.index,
-                Some(deadline.next_sleep(Duration::from_millis(50))),
-            );
+            self.nic.inbox.wait(self.index, Some(deadline.next_sleep(Duration::from_millis(50))));
         }
     }
 }
@@ -182,10 +177,7 @@ mod tests {
     fn entries_round_trip() {
         let vi = ((Kind::Vi as u64) << 56) | (0x12_3456 << 32) | 77;
         for recv in [false, true] {
-            assert_eq!(
-                CqEntry::decode(CqEntry { vi, recv }.encode()),
-                CqEntry { vi, recv }
-            );
+            assert_eq!(CqEntry::decode(CqEntry { vi, recv }.encode()), CqEntry { vi, recv });
         }
     }
 }

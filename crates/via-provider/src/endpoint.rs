@@ -113,9 +113,7 @@ impl PeerMessage {
             2 => Endpoint::decode(rest).map(PeerMessage::Accept),
             3 if rest.is_empty() => Some(PeerMessage::Reject),
             4 if rest.is_empty() => Some(PeerMessage::Disconnect),
-            5 if rest.len() == 4 => Some(PeerMessage::Break(u32::from_le_bytes(
-                rest.try_into().unwrap(),
-            ))),
+            5 if rest.len() == 4 => Some(PeerMessage::Break(u32::from_le_bytes(rest.try_into().unwrap()))),
             _ => None,
         }
     }

@@ -45,14 +45,7 @@ impl<T> Table<T> {
     pub fn new(kind: Kind, capacity: u32) -> Table<T> {
         Table {
             kind,
-            slots: (0..capacity)
-                .map(|_| {
-                    RwLock::new(Slot {
-                        generation: 0,
-                        object: None,
-                    })
-                })
-                .collect(),
+            slots: (0..capacity).map(|_| RwLock::new(Slot { generation: 0, object: None })).collect(),
             free: parking_lot::Mutex::new((0..capacity).rev().collect()),
         }
     }
@@ -131,9 +124,7 @@ mod tests {
         let (h, _) = table.insert(|_| Arc::new(5)).unwrap();
         assert_eq!(*table.get(h).unwrap(), 5);
         assert!(table.get(h ^ (1 << 32)).is_none());
-        assert!(table
-            .get((h & !(0xFF << 56)) | ((Kind::Cq as u64) << 56))
-            .is_none());
+        assert!(table.get((h & !(0xFF << 56)) | ((Kind::Cq as u64) << 56)).is_none());
         assert!(table.get(0).is_none());
         assert!(table.get(0x7ffd_1234_5678).is_none());
         assert!(table.remove(h).is_some());

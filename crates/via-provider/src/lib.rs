@@ -1,6 +1,7 @@
 //! The openvia provider: NICs, protection tags, VIs, completion queues and
 //! connections, with the semantics of the VIA specification, over the
-//! shared-memory transport of `via-shm`.
+//! shared-memory transport of `via-shm` between processes of one host and
+//! over UDP (`net`) between hosts.
 //!
 //! The C ABI (`vipl`) is a thin layer over this crate: every object the
 //! application sees is a [`handles::Handle`] into one of the provider's
@@ -11,6 +12,8 @@ pub mod cq;
 pub mod endpoint;
 pub mod handles;
 pub mod names;
+pub mod net;
+mod net_path;
 pub mod nic;
 pub mod progress;
 pub mod timeout;

@@ -47,9 +47,7 @@ pub fn host_name(addr: &[u8]) -> ViaResult<String> {
     let sin = libc::sockaddr_in {
         sin_family: libc::AF_INET as u16,
         sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(octets),
-        },
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(octets) },
         sin_zero: [0; 8],
     };
     let mut host = [0 as libc::c_char; 1025];
@@ -69,9 +67,7 @@ pub fn host_name(addr: &[u8]) -> ViaResult<String> {
         return Err(ViaError::NameService);
     }
     // SAFETY: getnameinfo NUL-terminates.
-    Ok(unsafe { std::ffi::CStr::from_ptr(host.as_ptr()) }
-        .to_string_lossy()
-        .into_owned())
+    Ok(unsafe { std::ffi::CStr::from_ptr(host.as_ptr()) }.to_string_lossy().into_owned())
 }
 
 #[cfg(test)]
@@ -80,9 +76,7 @@ mod tests {
 
     #[test]
     fn localhost_resolves_both_ways() {
-        assert!(host_addresses("localhost")
-            .unwrap()
-            .contains(&[127, 0, 0, 1]));
+        assert!(host_addresses("localhost").unwrap().contains(&[127, 0, 0, 1]));
         assert_eq!(host_addresses("10.1.2.3").unwrap(), vec![[10, 1, 2, 3]]);
         assert!(host_addresses("no-such-host.invalid").is_err());
         assert!(!host_name(&[127, 0, 0, 1]).unwrap().is_empty());

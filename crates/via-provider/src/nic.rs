@@ -74,6 +74,8 @@ pub struct Nic {
     /// Pin registered memory (`VIA_PIN_MEMORY=1`).
     pub pin: bool,
     handler: Mutex<Option<ErrorHandler>>,
+    /// The UDP port of the network transport, opened at the first remote connection.
+    net_port: std::sync::OnceLock<Arc<crate::net::NetPort>>,
     /// Set by `VipCloseNic`.
     pub closed: AtomicBool,
 }
@@ -106,6 +108,7 @@ impl Nic {
                     vi_count: AtomicUsize::new(0),
                     pin,
                     handler: Mutex::new(None),
+                    net_port: std::sync::OnceLock::new(),
                     closed: AtomicBool::new(false),
                 })
             })
@@ -114,10 +117,7 @@ impl Nic {
 
     /// Looks up a NIC handle.
     pub fn get(handle: Handle) -> ViaResult<Arc<Nic>> {
-        provider()
-            .nics
-            .get(handle)
-            .ok_or(ViaError::InvalidParameter)
+        provider().nics.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
     /// Closes the NIC and everything still open on it.
@@ -150,13 +150,26 @@ impl Nic {
         Ok(())
     }
 
+    /// The network port, opened on first use.
+    pub fn port(&self) -> ViaResult<Arc<crate::net::NetPort>> {
+        if let Some(p) = self.net_port.get() {
+            return Ok(p.clone());
+        }
+        let port = crate::net::NetPort::open(self)?;
+        Ok(self.net_port.get_or_init(|| port).clone())
+    }
+
+    /// Drains the network port, if one is open.
+    pub fn poll_net(&self) {
+        if let Some(p) = self.net_port.get() {
+            p.poll();
+        }
+    }
+
     /// Claims a CQ inbox index.
     pub fn claim_cq_slot(&self) -> ViaResult<usize> {
         let mut slots = self.cq_slots.lock();
-        let index = slots
-            .iter()
-            .position(|used| !used)
-            .ok_or(ViaError::Resource)?;
+        let index = slots.iter().position(|used| !used).ok_or(ViaError::Resource)?;
         slots[index] = true;
         self.inbox.reset(index);
         Ok(index)
@@ -175,14 +188,7 @@ impl Nic {
         }
         let id = self.next_ptag.fetch_add(1, Ordering::Relaxed);
         let nic = self.handle;
-        match provider().ptags.insert(|handle| {
-            Arc::new(Ptag {
-                handle,
-                nic,
-                id,
-                vi_users: AtomicUsize::new(0),
-            })
-        }) {
+        match provider().ptags.insert(|handle| Arc::new(Ptag { handle, nic, id, vi_users: AtomicUsize::new(0) })) {
             Some((h, _)) => Ok(h),
             None => {
                 self.ptag_count.fetch_sub(1, Ordering::AcqRel);
@@ -212,12 +218,7 @@ impl Nic {
 
     /// The tag id behind a handle of this NIC's tags.
     pub fn ptag_of_id(&self, id: u32) -> Option<Handle> {
-        provider()
-            .ptags
-            .all()
-            .into_iter()
-            .find(|(_, t)| t.nic == self.handle && t.id == id)
-            .map(|(h, _)| h)
+        provider().ptags.all().into_iter().find(|(_, t)| t.nic == self.handle && t.id == id).map(|(h, _)| h)
     }
 
     /// Installs (or with `None` removes) the asynchronous error handler.

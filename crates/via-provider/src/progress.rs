@@ -1,30 +1,45 @@
 //! The provider's helper thread.
 //!
-//! It sleeps in `epoll` on the socket pairs of connected VIs and wakes only
-//! when a peer disconnects, breaks the connection or dies (the socket hangs
-//! up when its process exits, however it exits).  It also runs the
-//! application's error callbacks, outside any provider lock.
+//! It sleeps in `epoll` and wakes only for work the application is not
+//! doing itself: a peer that disconnects, breaks the connection or dies
+//! (its socket pair hangs up when its process exits, however it exits);
+//! packets on a network port while nobody polls it; session timers
+//! (acknowledgements, retransmissions, keep-alives); and the application's
+//! error callbacks, which it runs outside any provider lock.
 
 use crate::connect::{read_msg, Conn};
 use crate::endpoint::PeerMessage;
 use crate::handles::Handle;
+use crate::net::NetPort;
 use crate::nic::error_code;
 use crate::Vi;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Instant;
 
 type Job = Box<dyn FnOnce() + Send>;
 
 struct Helper {
     epoll: OwnedFd,
     wakeup: OwnedFd,
-    watched: Mutex<HashMap<RawFd, (Handle, std::sync::Weak<Conn>)>>,
+    /// token -> (VI, connection); tokens are never reused, so a late event
+    /// of a closed connection cannot reach its successor.
+    watched: Mutex<HashMap<u64, (Handle, Weak<Conn>)>>,
+    next_token: AtomicU64,
     jobs: Mutex<VecDeque<Job>>,
+    /// Network ports whose sockets and timers this thread serves.
+    ports: Mutex<Vec<Weak<NetPort>>>,
+    /// When the thread plans to wake next, in ns after `epoch` (u64::MAX: never).
+    sleep_until: AtomicU64,
+    epoch: Instant,
 }
 
 const WAKEUP_TOKEN: u64 = u64::MAX;
+/// Tokens of port sockets have this bit set; the rest is the port's index.
+const PORT_TOKEN: u64 = 1 << 62;
 
 fn helper() -> &'static Helper {
     static HELPER: OnceLock<&'static Helper> = OnceLock::new();
@@ -33,20 +48,20 @@ fn helper() -> &'static Helper {
         let (epoll, wakeup) = unsafe {
             let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
             let ev = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
-            assert!(
-                ep >= 0 && ev >= 0,
-                "epoll/eventfd: {}",
-                std::io::Error::last_os_error()
-            );
+            assert!(ep >= 0 && ev >= 0, "epoll/eventfd: {}", std::io::Error::last_os_error());
             (OwnedFd::from_raw_fd(ep), OwnedFd::from_raw_fd(ev))
         };
         let helper: &'static Helper = Box::leak(Box::new(Helper {
             epoll,
             wakeup,
             watched: Mutex::new(HashMap::new()),
+            next_token: AtomicU64::new(1),
             jobs: Mutex::new(VecDeque::new()),
+            ports: Mutex::new(Vec::new()),
+            sleep_until: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
         }));
-        add(helper, helper.wakeup.as_raw_fd(), WAKEUP_TOKEN);
+        add(helper, helper.wakeup.as_raw_fd(), WAKEUP_TOKEN, 0);
         std::thread::Builder::new()
             .name("via-progress".into())
             .spawn(move || run(helper))
@@ -55,42 +70,50 @@ fn helper() -> &'static Helper {
     })
 }
 
-fn add(h: &Helper, fd: RawFd, token: u64) {
-    let mut ev = libc::epoll_event {
-        events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP) as u32,
-        u64: token,
-    };
+fn add(h: &Helper, fd: RawFd, token: u64, extra: u32) {
+    let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP) as u32 | extra;
+    let mut ev = libc::epoll_event { events, u64: token };
     // SAFETY: registering an fd we hold open.
     unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
 }
 
-/// Starts watching a connection of VI `vi`.
+/// Starts watching a shared-memory connection of VI `vi`.
 pub fn watch(conn: &Arc<Conn>, vi: Handle) {
     let h = helper();
-    let fd = conn.socket.as_raw_fd();
-    h.watched.lock().insert(fd, (vi, Arc::downgrade(conn)));
-    add(h, fd, fd as u64);
+    let token = h.next_token.fetch_add(1, Ordering::Relaxed);
+    conn.token.store(token, Ordering::Release);
+    h.watched.lock().insert(token, (vi, Arc::downgrade(conn)));
+    add(h, conn.socket.as_raw_fd(), token, 0);
 }
 
 /// Stops watching a connection (before its socket is closed).
 pub fn unwatch(conn: &Arc<Conn>) {
     let h = helper();
-    let fd = conn.socket.as_raw_fd();
-    let mut watched = h.watched.lock();
-    if watched
-        .get(&fd)
-        .is_some_and(|(_, w)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(conn)))
-    {
-        watched.remove(&fd);
+    let token = conn.token.swap(0, Ordering::AcqRel);
+    if token != 0 && h.watched.lock().remove(&token).is_some() {
+        let fd = conn.socket.as_raw_fd();
         // SAFETY: the fd is still open (the Conn is alive).
-        unsafe {
-            libc::epoll_ctl(
-                h.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                fd,
-                std::ptr::null_mut(),
-            )
-        };
+        unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+    }
+}
+
+/// Serves a network port: its socket when the application is not polling
+/// it, and its sessions' timers.
+pub fn watch_port(port: &Arc<NetPort>) {
+    let h = helper();
+    let mut ports = h.ports.lock();
+    let index = ports.len() as u64;
+    ports.push(Arc::downgrade(port));
+    drop(ports);
+    add(h, port.raw_fd(), PORT_TOKEN | index, libc::EPOLLET as u32);
+}
+
+/// Makes sure the helper thread wakes by `deadline` (a session timer).
+pub fn kick_before(deadline: Instant) {
+    let h = helper();
+    let at = deadline.saturating_duration_since(h.epoch).as_nanos() as u64;
+    if at < h.sleep_until.load(Ordering::Acquire) {
+        wake(h);
     }
 }
 
@@ -98,34 +121,48 @@ pub fn unwatch(conn: &Arc<Conn>) {
 pub fn defer(job: Job) {
     let h = helper();
     h.jobs.lock().push_back(job);
+    wake(h);
+}
+
+fn wake(h: &Helper) {
     let one: u64 = 1;
     // SAFETY: writing 8 bytes to our eventfd.
-    unsafe {
-        libc::write(
-            h.wakeup.as_raw_fd(),
-            &one as *const u64 as *const libc::c_void,
-            8,
-        )
-    };
+    unsafe { libc::write(h.wakeup.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Runs the ports' timers; returns how long to sleep (None: until woken).
+fn service_ports(h: &Helper) -> Option<std::time::Duration> {
+    let ports: Vec<Arc<NetPort>> = h.ports.lock().iter().filter_map(Weak::upgrade).collect();
+    let now = Instant::now();
+    match ports.iter().filter_map(|p| p.service(now)).min() {
+        None => {
+            h.sleep_until.store(u64::MAX, Ordering::Release);
+            None
+        }
+        Some(t) => {
+            h.sleep_until.store(t.saturating_duration_since(h.epoch).as_nanos() as u64, Ordering::Release);
+            Some(t.saturating_duration_since(Instant::now()))
+        }
+    }
 }
 
 fn run(h: &'static Helper) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
-        // SAFETY: the buffer holds 64 events.
-        let n = unsafe { libc::epoll_wait(h.epoll.as_raw_fd(), events.as_mut_ptr(), 64, -1) };
+        // Session timers (delayed acknowledgements) need microseconds, not
+        // epoll_wait's milliseconds.
+        let timeout = service_ports(h)
+            .map(|d| libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long });
+        let ts = timeout.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: the buffer holds 64 events; ts is null or a valid timespec.
+        let n = unsafe { libc::epoll_pwait2(h.epoll.as_raw_fd(), events.as_mut_ptr(), 64, ts, std::ptr::null()) };
+        h.sleep_until.store(0, Ordering::Release);
         for ev in events.iter().take(n.max(0) as usize) {
             let token = ev.u64;
             if token == WAKEUP_TOKEN {
                 let mut buf = 0u64;
                 // SAFETY: draining our eventfd.
-                unsafe {
-                    libc::read(
-                        h.wakeup.as_raw_fd(),
-                        &mut buf as *mut u64 as *mut libc::c_void,
-                        8,
-                    )
-                };
+                unsafe { libc::read(h.wakeup.as_raw_fd(), &mut buf as *mut u64 as *mut libc::c_void, 8) };
                 loop {
                     let job = h.jobs.lock().pop_front();
                     match job {
@@ -133,23 +170,35 @@ fn run(h: &'static Helper) {
                         None => break,
                     }
                 }
-                continue;
-            }
-            let entry = h.watched.lock().get(&(token as RawFd)).cloned();
-            let Some((vi, conn)) = entry else { continue };
-            let Some(conn) = conn.upgrade() else { continue };
-            let code = match read_msg(&conn.socket) {
-                Ok(Some(PeerMessage::Break(code))) => Some(code),
-                Ok(Some(PeerMessage::Disconnect)) | Err(_) => Some(error_code::CONN_LOST),
-                Ok(_) => None,
-            };
-            if let Some(code) = code {
-                unwatch(&conn);
-                drop(conn);
-                if let Ok(vi) = Vi::get(vi) {
-                    vi.peer_lost(code);
+            } else if token & PORT_TOKEN != 0 {
+                let port = h.ports.lock().get((token & !PORT_TOKEN) as usize).and_then(Weak::upgrade);
+                if let Some(port) = port {
+                    // Edge-triggered: drain until empty, waiting if the application is at it.
+                    while !port.poll() {
+                        std::thread::yield_now();
+                    }
                 }
+            } else {
+                connection_event(h, token);
             }
+        }
+    }
+}
+
+fn connection_event(h: &Helper, token: u64) {
+    let entry = h.watched.lock().get(&token).cloned();
+    let Some((vi, conn)) = entry else { return };
+    let Some(conn) = conn.upgrade() else { return };
+    let code = match read_msg(&conn.socket) {
+        Ok(Some(PeerMessage::Break(code))) => Some(code),
+        Ok(Some(PeerMessage::Disconnect)) => Some(error_code::CONN_LOST),
+        Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Some(error_code::CONN_LOST),
+        _ => None,
+    };
+    if let Some(code) = code {
+        unwatch(&conn);
+        if let Ok(vi) = Vi::get(vi) {
+            vi.peer_lost(&conn, code);
         }
     }
 }

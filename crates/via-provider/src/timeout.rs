@@ -25,8 +25,7 @@ impl Deadline {
     }
     /// Time left as a Duration, with "for ever" as a long time.
     pub fn remaining_or_long(&self) -> Duration {
-        self.remaining()
-            .unwrap_or(Duration::from_secs(100 * 365 * 24 * 3600))
+        self.remaining().unwrap_or(Duration::from_secs(100 * 365 * 24 * 3600))
     }
     /// How long to sleep next: the time left, capped so that sleepers look
     /// around now and then for changes that do not wake them.
@@ -39,10 +38,7 @@ impl Deadline {
 pub fn spin_window() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
-        let us = std::env::var("VIA_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(50);
+        let us = std::env::var("VIA_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
         Duration::from_micros(us)
     })
 }

@@ -21,13 +21,9 @@ use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use via_core::consts::*;
-use via_core::descriptor::{
-    descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, WorkRequest,
-};
+use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, WorkRequest};
 use via_core::error::{ViaError, ViaResult};
-use via_core::registry::{
-    slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES,
-};
+use via_core::registry::{slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES};
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
 use via_shm::ring::{SlotHeader, INLINE_MAX, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
@@ -67,39 +63,71 @@ pub struct ViAttrs {
     pub rdma_read: bool,
 }
 
-struct RecvItem {
-    desc: DescPtr,
-    segs: Vec<LocalSeg>,
-    total: u64,
+pub(crate) struct RecvItem {
+    pub desc: DescPtr,
+    pub segs: Vec<LocalSeg>,
+    pub total: u64,
     /// Sequence number in the peer-visible receive cache, once published.
-    seq: Option<u64>,
-    done: bool,
+    pub seq: Option<u64>,
+    pub done: bool,
     /// Status error bits of a descriptor that failed validation; it
     /// completes with them when its turn comes.
-    error: u32,
+    pub error: u32,
 }
 
 #[derive(Default)]
-struct RecvQueue {
-    items: VecDeque<RecvItem>,
+pub(crate) struct RecvQueue {
+    pub items: VecDeque<RecvItem>,
     /// Completed items form a prefix of `items`: its length.
-    done: usize,
-    seg: Option<Arc<ConnSegment>>,
+    pub done: usize,
+    pub seg: Option<Arc<ConnSegment>>,
+    /// Network: the message being placed into the first pending item.
+    pub inbound: Option<u32>,
+    /// Network: a message being dropped (no receive, or an error).
+    pub dropping: Option<u32>,
+}
+
+pub(crate) struct SendItem {
+    pub desc: DescPtr,
+    pub done: bool,
+    /// Network: the token of the message carrying it.
+    pub token: u64,
+    /// Network RDMA read: the request's message number and the local buffers.
+    pub read: Option<(u32, Vec<LocalSeg>)>,
+    /// `VIP_STATUS_OP_*` bits.
+    pub op: u32,
+    pub length: u32,
 }
 
 #[derive(Default)]
-struct SendQueue {
-    done: VecDeque<DescPtr>,
-    conn: Option<Arc<Conn>>,
+pub(crate) struct SendQueue {
+    pub items: VecDeque<SendItem>,
+    /// Completed items form a prefix of `items`: its length.
+    pub done: usize,
+    /// Shared-memory connection.
+    pub conn: Option<Arc<Conn>>,
+    /// Network connection.
+    pub net: Option<Arc<crate::net::NetLink>>,
+}
+
+impl SendQueue {
+    /// Moves the completed prefix forward; returns how many completed now.
+    pub fn advance(&mut self) -> usize {
+        let before = self.done;
+        while self.items.get(self.done).is_some_and(|i| i.done) {
+            self.done += 1;
+        }
+        self.done - before
+    }
 }
 
 /// Why a connection is being broken, seen from both ends.
 #[derive(Debug, Clone, Copy)]
-struct Break {
+pub(crate) struct Break {
     /// Error code reported to this process.
-    mine: u32,
+    pub mine: u32,
     /// Error code sent to the peer.
-    theirs: u32,
+    pub theirs: u32,
 }
 
 /// A Virtual Interface.
@@ -113,20 +141,22 @@ pub struct Vi {
     /// CQ of the receive queue.
     pub recv_cq: Option<Arc<Cq>>,
     attrs: Mutex<ViAttrs>,
-    ptag_id: AtomicU32,
+    pub(crate) ptag_id: AtomicU32,
     state: AtomicU8,
-    recv: Mutex<RecvQueue>,
-    send: Mutex<SendQueue>,
+    pub(crate) recv: Mutex<RecvQueue>,
+    pub(crate) send: Mutex<SendQueue>,
+    /// Network: the link, readable without the queue locks.
+    pub(crate) net: Mutex<Option<Arc<crate::net::NetLink>>>,
     /// Futex word for waiters that have no ring to sleep on.
     wake_word: AtomicU32,
     sleepers: AtomicUsize,
     /// Outcome of an asynchronous peer connection request.
-    pub(crate) peer_outcome: Mutex<Option<ViaResult<Arc<Conn>>>>,
+    pub(crate) peer_outcome: Mutex<Option<ViaResult<crate::connect::Linked>>>,
     /// Set when the VI is destroyed, for notify threads.
     pub destroyed: std::sync::atomic::AtomicBool,
 }
 
-fn reliable(level: u16) -> bool {
+pub(crate) fn reliable(level: u16) -> bool {
     level != SERVICE_UNRELIABLE
 }
 
@@ -159,6 +189,7 @@ impl Vi {
                 state: AtomicU8::new(ViState::Idle as u8),
                 recv: Mutex::new(RecvQueue::default()),
                 send: Mutex::new(SendQueue::default()),
+                net: Mutex::new(None),
                 wake_word: AtomicU32::new(0),
                 sleepers: AtomicUsize::new(0),
                 peer_outcome: Mutex::new(None),
@@ -190,10 +221,7 @@ impl Vi {
             if vi.state() != ViState::Idle {
                 return Err(ViaError::InvalidState);
             }
-            provider()
-                .vis
-                .remove(handle)
-                .ok_or(ViaError::InvalidParameter)?;
+            provider().vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
         }
         vi.destroyed.store(true, Ordering::Release);
         vi.bump();
@@ -248,7 +276,7 @@ impl Vi {
     /// Whether the send and receive queues are empty.
     pub fn queues_empty(&self) -> (bool, bool) {
         let r = self.recv.lock().items.is_empty();
-        (self.send.lock().done.is_empty(), r)
+        (self.send.lock().items.is_empty(), r)
     }
 
     /// What the peer needs to know about this VI.
@@ -267,7 +295,7 @@ impl Vi {
         }
     }
 
-    fn rules(&self) -> (Rules<'_>, ViAttrs) {
+    pub(crate) fn rules(&self) -> (Rules<'_>, ViAttrs) {
         let a = self.attrs();
         let rules = Rules {
             registry: &self.nic.registry,
@@ -284,13 +312,10 @@ impl Vi {
         futex::futex_wake(&self.wake_word, i32::MAX);
     }
 
-    fn push_cq(&self, recv: bool) {
+    pub(crate) fn push_cq(&self, recv: bool) {
         let cq = if recv { &self.recv_cq } else { &self.send_cq };
         if let Some(cq) = cq {
-            cq.push_local(CqEntry {
-                vi: self.handle,
-                recv,
-            });
+            cq.push_local(CqEntry { vi: self.handle, recv });
         }
     }
 
@@ -303,12 +328,7 @@ impl Vi {
         for item in q.items.iter().filter(|i| !i.done && i.error == 0) {
             seq.push(publish(&seg, &item.segs)?);
         }
-        for (item, s) in q
-            .items
-            .iter_mut()
-            .filter(|i| !i.done && i.error == 0)
-            .zip(seq)
-        {
+        for (item, s) in q.items.iter_mut().filter(|i| !i.done && i.error == 0).zip(seq) {
             item.seq = Some(s);
         }
         q.seg = Some(seg);
@@ -348,6 +368,11 @@ impl Vi {
             conn.tell(crate::endpoint::PeerMessage::Disconnect);
             progress::unwatch(&conn);
         }
+        if let Some(link) = s.net.take() {
+            link.disconnect();
+            *self.net.lock() = None;
+        }
+        self.flush_sends(&mut s);
         self.drain(&mut r);
         self.flush(&mut r);
         // Wake a waiter asleep on the ring: there is nothing more to wait for.
@@ -362,18 +387,24 @@ impl Vi {
     }
 
     /// The peer went away or broke the connection: Error state, flushed queues, callback.
-    pub(crate) fn peer_lost(&self, code: u32) {
-        if self.enter_error(None) {
+    /// Only `conn`'s own events count: a late one of an earlier connection is ignored.
+    pub(crate) fn peer_lost(&self, conn: &Arc<Conn>, code: u32) {
+        if self.enter_error(None, Some(conn)) {
             self.report(code);
         }
     }
 
     /// Connected -> Error, telling the peer `theirs` if given.  True if this call made the change.
-    fn enter_error(&self, theirs: Option<u32>) -> bool {
+    fn enter_error(&self, theirs: Option<u32>, only: Option<&Arc<Conn>>) -> bool {
         let mut r = self.recv.lock();
         let mut s = self.send.lock();
         if self.state() != ViState::Connected {
             return false;
+        }
+        if let (Some(only), Some(current)) = (only, &s.conn) {
+            if !Arc::ptr_eq(only, current) {
+                return false;
+            }
         }
         self.set_state(ViState::Error);
         if let Some(conn) = s.conn.take() {
@@ -382,6 +413,11 @@ impl Vi {
             }
             progress::unwatch(&conn);
         }
+        if let Some(link) = s.net.take() {
+            link.close(theirs);
+            *self.net.lock() = None;
+        }
+        self.flush_sends(&mut s);
         self.drain(&mut r);
         self.flush(&mut r);
         // Wake a waiter asleep on the ring: there is nothing more to wait for.
@@ -394,8 +430,26 @@ impl Vi {
         true
     }
 
-    fn break_connection(&self, why: Break) {
-        if self.enter_error(Some(why.theirs)) {
+    /// Completes every pending send with DESC_FLUSHED_ERROR.
+    fn flush_sends(&self, s: &mut SendQueue) {
+        for item in s.items.iter_mut().filter(|i| !i.done) {
+            item.desc.complete(item.op | STATUS_DESC_FLUSHED_ERROR, 0, None);
+            item.done = true;
+        }
+        for _ in 0..s.advance() {
+            self.push_cq(false);
+        }
+    }
+
+    /// The network link went down: Error state, flushed queues, callback.
+    pub(crate) fn net_lost(&self, code: u32) {
+        if self.enter_error(None, None) {
+            self.report(code);
+        }
+    }
+
+    pub(crate) fn break_connection(&self, why: Break) {
+        if self.enter_error(Some(why.theirs), None) {
             self.report(why.mine);
         }
     }
@@ -436,28 +490,14 @@ impl Vi {
             Err(bits) => (Vec::new(), 0, bits),
         };
         if flushed || error != 0 {
-            let bits = if flushed {
-                STATUS_DESC_FLUSHED_ERROR
-            } else {
-                error
-            };
+            let bits = if flushed { STATUS_DESC_FLUSHED_ERROR } else { error };
             // Completes in order: at once if nothing is pending ahead of it.
-            q.items.push_back(RecvItem {
-                desc,
-                segs,
-                total,
-                seq: None,
-                done: false,
-                error: bits,
-            });
+            q.items.push_back(RecvItem { desc, segs, total, seq: None, done: false, error: bits });
             self.settle(&mut q);
             drop(q);
             self.bump();
             if error != 0 && reliable(self.attrs().reliability) {
-                self.break_connection(Break {
-                    mine: error_code::POST_DESC,
-                    theirs: error_code::CONN_LOST,
-                });
+                self.break_connection(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
             }
             return Ok(());
         }
@@ -465,19 +505,12 @@ impl Vi {
             Some(seg) => Some(publish(seg, &segs)?),
             None => None,
         };
-        q.items.push_back(RecvItem {
-            desc,
-            segs,
-            total,
-            seq,
-            done: false,
-            error: 0,
-        });
+        q.items.push_back(RecvItem { desc, segs, total, seq, done: false, error: 0 });
         Ok(())
     }
 
     /// Completes failed descriptors that have reached the head of the pending part.
-    fn settle(&self, q: &mut RecvQueue) {
+    pub(crate) fn settle(&self, q: &mut RecvQueue) {
         while let Some(item) = q.items.get_mut(q.done) {
             if item.error == 0 {
                 break;
@@ -491,7 +524,7 @@ impl Vi {
 
     /// Completes arrived messages in posting order.  Returns an error when
     /// the peer wrote something that cannot be true.
-    fn drain(&self, q: &mut RecvQueue) -> bool {
+    pub(crate) fn drain(&self, q: &mut RecvQueue) -> bool {
         self.settle(q);
         let Some(seg) = q.seg.clone() else {
             return true;
@@ -508,16 +541,10 @@ impl Vi {
             let Some(item) = q.items.get_mut(index) else {
                 return false;
             };
-            if item.seq != Some(hdr.recv_seq)
-                || !(hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM)
-            {
+            if item.seq != Some(hdr.recv_seq) || !(hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM) {
                 return false;
             }
-            let mut status = if hdr.kind == SLOT_SEND {
-                STATUS_OP_RECEIVE
-            } else {
-                STATUS_OP_REMOTE_RDMA_WRITE
-            };
+            let mut status = if hdr.kind == SLOT_SEND { STATUS_OP_RECEIVE } else { STATUS_OP_REMOTE_RDMA_WRITE };
             let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
             if imm.is_some() {
                 status |= STATUS_IMMEDIATE;
@@ -534,9 +561,7 @@ impl Vi {
                     .segs
                     .iter()
                     // SAFETY: validated against the registry when posted.
-                    .map(|s| unsafe {
-                        std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize)
-                    })
+                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) })
                     .collect();
                 length = rx.read_payload(&mut dst) as u32;
             }
@@ -551,11 +576,7 @@ impl Vi {
     fn flush(&self, q: &mut RecvQueue) {
         let mut n = 0;
         for item in q.items.iter_mut().skip(q.done) {
-            let bits = if item.error != 0 {
-                item.error
-            } else {
-                STATUS_DESC_FLUSHED_ERROR
-            };
+            let bits = if item.error != 0 { item.error } else { STATUS_DESC_FLUSHED_ERROR };
             item.desc.complete(STATUS_OP_RECEIVE | bits, 0, None);
             item.done = true;
             n += 1;
@@ -568,6 +589,7 @@ impl Vi {
 
     /// `VipRecvDone`.
     pub fn recv_done(&self) -> ViaResult<DescPtr> {
+        self.poll_net();
         let mut q = self.recv.lock();
         let sane = self.drain(&mut q);
         let got = if q.done > 0 {
@@ -629,10 +651,16 @@ impl Vi {
         if !descriptor_placement_ok(desc, mem, &rules) {
             return Err(ViaError::Descriptor);
         }
-        if q.done.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
+        if q.items.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
             return Err(ViaError::Resource);
         }
         desc.clear_status();
+        if let Some(link) = q.net.clone() {
+            let events = self.post_net(&mut q, &link, desc, mem, &rules, &attrs);
+            drop(q);
+            self.apply_net(&link, events);
+            return Ok(());
+        }
         let mut broken = None;
         match (&q.conn, validate(desc, mem, false, &rules)) {
             (None, _) => desc.complete(STATUS_DESC_FLUSHED_ERROR, 0, None),
@@ -644,22 +672,21 @@ impl Vi {
                 };
                 desc.complete(op | bits, 0, None);
                 if reliable(attrs.reliability) {
-                    broken = Some(Break {
-                        mine: error_code::POST_DESC,
-                        theirs: error_code::CONN_LOST,
-                    });
+                    broken = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
                 }
             }
             (Some(conn), Ok(wr)) => {
-                let (status, length, why) =
-                    execute(conn, &wr, reliable(attrs.reliability), attrs.reliability);
+                let (status, length, why) = execute(conn, &wr, reliable(attrs.reliability), attrs.reliability);
                 desc.complete(wr.op.status_bits(false) | status, length, None);
                 broken = why;
             }
         }
-        q.done.push_back(desc);
+        q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op: 0, length: 0 });
+        let completed = q.advance();
         drop(q);
-        self.push_cq(false);
+        for _ in 0..completed {
+            self.push_cq(false);
+        }
         if self.sleepers.load(Ordering::Acquire) > 0 {
             self.bump();
         }
@@ -671,7 +698,21 @@ impl Vi {
 
     /// `VipSendDone`.
     pub fn send_done(&self) -> ViaResult<DescPtr> {
-        self.send.lock().done.pop_front().ok_or(ViaError::NotDone)
+        self.poll_net();
+        let mut q = self.send.lock();
+        if q.done == 0 {
+            return Err(ViaError::NotDone);
+        }
+        q.done -= 1;
+        Ok(q.items.pop_front().expect("done prefix").desc)
+    }
+
+    /// Drains the network port of this VI, if it has one.
+    pub(crate) fn poll_net(&self) {
+        let link = self.net.lock().clone();
+        if let Some(link) = link {
+            link.port.poll();
+        }
     }
 
     /// `VipSendWait`.
@@ -686,11 +727,7 @@ impl Vi {
                 return Err(ViaError::Timeout);
             }
             self.sleepers.fetch_add(1, Ordering::AcqRel);
-            futex::futex_wait(
-                &self.wake_word,
-                word,
-                Some(deadline.next_sleep(Duration::from_millis(50))),
-            );
+            futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
             self.sleepers.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -699,24 +736,14 @@ impl Vi {
     pub(crate) fn wait_change(&self, deadline: &Deadline) {
         let word = self.wake_word.load(Ordering::Acquire);
         self.sleepers.fetch_add(1, Ordering::AcqRel);
-        futex::futex_wait(
-            &self.wake_word,
-            word,
-            Some(deadline.next_sleep(Duration::from_millis(50))),
-        );
+        futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
         self.sleepers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
     let tag = nic.ptag(attrs.ptag)?;
-    if ![
-        SERVICE_UNRELIABLE,
-        SERVICE_RELIABLE_DELIVERY,
-        SERVICE_RELIABLE_RECEPTION,
-    ]
-    .contains(&attrs.reliability)
-    {
+    if ![SERVICE_UNRELIABLE, SERVICE_RELIABLE_DELIVERY, SERVICE_RELIABLE_RECEPTION].contains(&attrs.reliability) {
         return Err(ViaError::InvalidReliabilityLevel);
     }
     if attrs.max_transfer == 0 || attrs.max_transfer > limits::MAX_TRANSFER_SIZE {
@@ -729,46 +756,26 @@ fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
 }
 
 fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
-    let segs: Vec<RecvSeg> = segs
-        .iter()
-        .map(|s| RecvSeg {
-            addr: s.addr,
-            len: s.len,
-        })
-        .collect();
-    seg.my_recvs()
-        .publish(&segs)
-        .map_err(|_| ViaError::Resource)
+    let segs: Vec<RecvSeg> = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len }).collect();
+    seg.my_recvs().publish(&segs).map_err(|_| ViaError::Resource)
 }
 
 fn local_slices(segs: &[LocalSeg]) -> Vec<IoSlice<'static>> {
     segs.iter()
         // SAFETY: validated against the registry when posted.
-        .map(|s| {
-            IoSlice::new(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
-        })
+        .map(|s| IoSlice::new(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) }))
         .collect()
 }
 
 fn local_slices_mut(segs: &[LocalSeg]) -> Vec<IoSliceMut<'static>> {
     segs.iter()
         // SAFETY: validated against the registry when posted.
-        .map(|s| {
-            IoSliceMut::new(unsafe {
-                std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize)
-            })
-        })
+        .map(|s| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) }))
         .collect()
 }
 
-const NO_RECV: Break = Break {
-    mine: error_code::CONN_LOST,
-    theirs: error_code::RECVQ_EMPTY,
-};
-const LOST: Break = Break {
-    mine: error_code::CONN_LOST,
-    theirs: error_code::CONN_LOST,
-};
+const NO_RECV: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RECVQ_EMPTY };
+const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
 
 /// Carries out one validated send-queue operation on a connection.
 /// Returns the status bits to add, the length, and whether the connection must break.
@@ -781,17 +788,12 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                 return (STATUS_FORMAT_ERROR, 0, None);
             };
             if !remote_allows(conn, addr, handle, wr.total, true) {
-                let why = reliable.then_some(Break {
-                    mine: error_code::CONN_LOST,
-                    theirs: error_code::RDMAW_PROT,
-                });
+                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
                 return (STATUS_RDMA_PROT_ERROR, 0, why);
             }
             if wr.total > 0 {
                 let remote = [(addr, wr.total as usize)];
-                if cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote)
-                    .is_err()
-                {
+                if cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote).is_err() {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
             }
@@ -806,21 +808,12 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                 return (STATUS_FORMAT_ERROR, 0, None);
             };
             if !remote_allows(conn, addr, handle, wr.total, false) {
-                let why = reliable.then_some(Break {
-                    mine: error_code::CONN_LOST,
-                    theirs: error_code::RDMAR_PROT,
-                });
+                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAR_PROT });
                 return (STATUS_RDMA_PROT_ERROR, 0, why);
             }
             if wr.total > 0 {
                 let remote = [(addr, wr.total as usize)];
-                if cma::read_remote(
-                    conn.peer.pid as i32,
-                    &mut local_slices_mut(&wr.segs),
-                    &remote,
-                )
-                .is_err()
-                {
+                if cma::read_remote(conn.peer.pid as i32, &mut local_slices_mut(&wr.segs), &remote).is_err() {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
             }
@@ -830,13 +823,7 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
 }
 
 /// Consumes the peer's next posted receive for a send (or RDMA write with immediate data).
-fn deliver(
-    conn: &Conn,
-    wr: &WorkRequest,
-    kind: u32,
-    reliable: bool,
-    level: u16,
-) -> (u32, u32, Option<Break>) {
+fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16) -> (u32, u32, Option<Break>) {
     let total = wr.total;
     let entry = match conn.seg.peer_recvs().take() {
         Ok(Some(e)) => e,
@@ -849,11 +836,7 @@ fn deliver(
         length: total as u32,
         recv_seq: entry.seq,
         imm: wr.immediate.unwrap_or(0),
-        flags: if wr.immediate.is_some() {
-            FLAG_IMMEDIATE
-        } else {
-            0
-        },
+        flags: if wr.immediate.is_some() { FLAG_IMMEDIATE } else { 0 },
         ..Default::default()
     };
     let mut result = (0, total as u32, None);
@@ -862,17 +845,10 @@ fn deliver(
         hdr.status = STATUS_LENGTH_ERROR;
         hdr.length = 0;
         if reliable {
-            let bits = if level == SERVICE_RELIABLE_RECEPTION {
-                STATUS_REMOTE_DESC_ERROR
-            } else {
-                0
-            };
+            let bits = if level == SERVICE_RELIABLE_RECEPTION { STATUS_REMOTE_DESC_ERROR } else { 0 };
             result = (bits, total as u32, Some(LOST));
         }
-    } else if kind == SLOT_SEND
-        && total as usize <= inline_max()
-        && level != SERVICE_RELIABLE_RECEPTION
-    {
+    } else if kind == SLOT_SEND && total as usize <= inline_max() && level != SERVICE_RELIABLE_RECEPTION {
         hdr.flags |= FLAG_INLINE;
         // SAFETY: validated against the registry when posted.
         payload = wr
@@ -881,11 +857,7 @@ fn deliver(
             .map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
             .collect();
     } else if kind == SLOT_SEND && total > 0 {
-        let remote: Vec<(u64, usize)> = entry
-            .segs()
-            .iter()
-            .map(|s| (s.addr, s.len as usize))
-            .collect();
+        let remote: Vec<(u64, usize)> = entry.segs().iter().map(|s| (s.addr, s.len as usize)).collect();
         match cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote) {
             Ok(n) if n as u64 == total => {}
             _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
@@ -895,14 +867,7 @@ fn deliver(
         return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
     }
     if conn.peer.recv_cq != NO_CQ {
-        conn.peer_inbox.push(
-            conn.peer.recv_cq as usize,
-            CqEntry {
-                vi: conn.peer.vi,
-                recv: true,
-            }
-            .encode(),
-        );
+        conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
     }
     result
 }
@@ -911,11 +876,7 @@ fn deliver(
 fn inline_max() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
-        std::env::var("VIA_INLINE_MAX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(INLINE_MAX)
-            .min(INLINE_MAX)
+        std::env::var("VIA_INLINE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(INLINE_MAX).min(INLINE_MAX)
     })
 }
 
@@ -929,21 +890,13 @@ fn remote_allows(conn: &Conn, addr: u64, handle: u32, len: u64, write: bool) -> 
         return false;
     };
     let mut bytes = [0u8; REGION_SLOT_BYTES];
-    let read = cma::read_remote(
-        peer.pid as i32,
-        &mut [IoSliceMut::new(&mut bytes)],
-        &[(at, REGION_SLOT_BYTES)],
-    );
+    let read = cma::read_remote(peer.pid as i32, &mut [IoSliceMut::new(&mut bytes)], &[(at, REGION_SLOT_BYTES)]);
     if !matches!(read, Ok(REGION_SLOT_BYTES)) {
         return false;
     }
     let Some(region) = Region::from_remote_slot(&bytes, handle) else {
         return false;
     };
-    let flag = if write {
-        REGION_RDMA_WRITE
-    } else {
-        REGION_RDMA_READ
-    };
+    let flag = if write { REGION_RDMA_WRITE } else { REGION_RDMA_READ };
     region.ptag == peer.ptag && region.flags & flag != 0 && region.contains(addr, len)
 }

@@ -15,24 +15,14 @@ const CALL_MAX: usize = 1 << 30;
 /// needed.  Returns the count moved, which is short when a later remote range
 /// is not writable; an error only when nothing could be moved.
 pub fn write_remote(pid: i32, local: &[IoSlice<'_>], remote: &[(u64, usize)]) -> io::Result<usize> {
-    let local: Vec<(usize, usize)> = local
-        .iter()
-        .map(|s| (s.as_ptr() as usize, s.len()))
-        .collect();
+    let local: Vec<(usize, usize)> = local.iter().map(|s| (s.as_ptr() as usize, s.len())).collect();
     transfer(pid, &local, remote, true)
 }
 
 /// Reads the `(address, length)` ranges of process `pid` into the scattered
 /// `local` buffers, in order.  Counts and errors as in [`write_remote`].
-pub fn read_remote(
-    pid: i32,
-    local: &mut [IoSliceMut<'_>],
-    remote: &[(u64, usize)],
-) -> io::Result<usize> {
-    let local: Vec<(usize, usize)> = local
-        .iter_mut()
-        .map(|s| (s.as_mut_ptr() as usize, s.len()))
-        .collect();
+pub fn read_remote(pid: i32, local: &mut [IoSliceMut<'_>], remote: &[(u64, usize)]) -> io::Result<usize> {
+    let local: Vec<(usize, usize)> = local.iter_mut().map(|s| (s.as_mut_ptr() as usize, s.len())).collect();
     transfer(pid, &local, remote, false)
 }
 
@@ -52,10 +42,7 @@ pub fn allow_peer(pid: i32) {
 /// cross-memory attach to that process is permitted.
 pub fn probe(pid: i32, remote_addr: u64) -> bool {
     let mut b = [0u8; 1];
-    matches!(
-        read_remote(pid, &mut [IoSliceMut::new(&mut b)], &[(remote_addr, 1)]),
-        Ok(1)
-    )
+    matches!(read_remote(pid, &mut [IoSliceMut::new(&mut b)], &[(remote_addr, 1)]), Ok(1))
 }
 
 /// A position inside a list of `(address, length)` ranges.
@@ -78,10 +65,7 @@ impl Cursor<'_> {
             }
             let n = (len - offset).min(CALL_MAX - bytes);
             if n > 0 {
-                out.push(libc::iovec {
-                    iov_base: addr.wrapping_add(offset) as *mut libc::c_void,
-                    iov_len: n,
-                });
+                out.push(libc::iovec { iov_base: addr.wrapping_add(offset) as *mut libc::c_void, iov_len: n });
                 bytes += n;
             }
             offset = 0;
@@ -101,25 +85,12 @@ impl Cursor<'_> {
     }
 }
 
-fn transfer(
-    pid: i32,
-    local: &[(usize, usize)],
-    remote: &[(u64, usize)],
-    write: bool,
-) -> io::Result<usize> {
+fn transfer(pid: i32, local: &[(usize, usize)], remote: &[(u64, usize)], write: bool) -> io::Result<usize> {
     let remote: Vec<(usize, usize)> = remote.iter().map(|&(a, l)| (a as usize, l)).collect();
     let sum = |r: &[(usize, usize)]| r.iter().fold(0usize, |acc, &(_, l)| acc.saturating_add(l));
     let total = sum(local).min(sum(&remote));
-    let mut lc = Cursor {
-        ranges: local,
-        index: 0,
-        offset: 0,
-    };
-    let mut rc = Cursor {
-        ranges: &remote,
-        index: 0,
-        offset: 0,
-    };
+    let mut lc = Cursor { ranges: local, index: 0, offset: 0 };
+    let mut rc = Cursor { ranges: &remote, index: 0, offset: 0 };
     let (mut liov, mut riov) = (Vec::with_capacity(IOV_MAX), Vec::with_capacity(IOV_MAX));
     let mut done = 0usize;
     while done < total {
@@ -128,19 +99,8 @@ fn transfer(
         // SAFETY: the local iovecs describe slices borrowed for the duration of
         // the call (writable for reads); the kernel checks the remote ones.
         let n = unsafe {
-            let f = if write {
-                libc::process_vm_writev
-            } else {
-                libc::process_vm_readv
-            };
-            f(
-                pid,
-                liov.as_ptr(),
-                liov.len() as libc::c_ulong,
-                riov.as_ptr(),
-                riov.len() as libc::c_ulong,
-                0,
-            )
+            let f = if write { libc::process_vm_writev } else { libc::process_vm_readv };
+            f(pid, liov.as_ptr(), liov.len() as libc::c_ulong, riov.as_ptr(), riov.len() as libc::c_ulong, 0)
         };
         if n < 0 {
             let e = io::Error::last_os_error();

@@ -13,8 +13,7 @@ use crate::recv::CACHE_BYTES;
 pub use crate::recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
 use crate::ring::RING_BYTES;
 pub use crate::ring::{
-    Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM,
-    SLOT_SEND,
+    Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM, SLOT_SEND,
 };
 use crate::{SharedRegion, ShmError};
 
@@ -80,10 +79,7 @@ impl ConnSegment {
         let base = region.as_ptr();
         // SAFETY: the header is at the start of a mapping of sufficient size.
         let hdr: &ConnHeader = unsafe { at(base, 0) };
-        match hdr
-            .version
-            .compare_exchange(0, CONN_VERSION, AcqRel, Acquire)
-        {
+        match hdr.version.compare_exchange(0, CONN_VERSION, AcqRel, Acquire) {
             Ok(_) | Err(CONN_VERSION) => {}
             Err(_) => return Err(ShmError::Corrupt("segment version")),
         }
@@ -167,11 +163,7 @@ mod tests {
     }
 
     fn hdr(kind: u32, aux: u64) -> SlotHeader {
-        SlotHeader {
-            kind,
-            aux,
-            ..Default::default()
-        }
+        SlotHeader { kind, aux, ..Default::default() }
     }
 
     fn corrupt<T>(r: Result<T, ShmError>) -> bool {
@@ -197,10 +189,7 @@ mod tests {
         let (a, b) = pair();
         let mut expect = 0;
         for len in 0..=INLINE_MAX {
-            let h = SlotHeader {
-                length: len as u32,
-                ..hdr(SLOT_SEND, len as u64)
-            };
+            let h = SlotHeader { length: len as u32, ..hdr(SLOT_SEND, len as u64) };
             a.tx().push(&h, &[&pattern(len as u64, len)]).unwrap();
             // Drain at odd points so sizes land on many slot indices.
             if a.tx().len() == 300 || len == INLINE_MAX {
@@ -293,19 +282,12 @@ mod tests {
     #[test]
     fn recv_cache_publishes_in_order_and_fills() {
         let (a, b) = pair();
-        let segs: Vec<RecvSeg> = (0..MAX_SEGS as u32)
-            .map(|i| RecvSeg {
-                addr: 0x1000 * u64::from(i),
-                len: i + 1,
-            })
-            .collect();
+        let segs: Vec<RecvSeg> =
+            (0..MAX_SEGS as u32).map(|i| RecvSeg { addr: 0x1000 * u64::from(i), len: i + 1 }).collect();
         let too_many = a.my_recvs().publish(&[&segs[..], &segs[..1]].concat());
         assert!(matches!(too_many, Err(ShmError::TooManySegments)));
         for i in 0..RECV_ENTRIES {
-            assert_eq!(
-                a.my_recvs().publish(&segs[..i % MAX_SEGS]).unwrap(),
-                i as u64
-            );
+            assert_eq!(a.my_recvs().publish(&segs[..i % MAX_SEGS]).unwrap(), i as u64);
         }
         assert!(matches!(a.my_recvs().publish(&[]), Err(ShmError::Full)));
         assert_eq!(b.peer_recvs().available(), RECV_ENTRIES as u64);
@@ -325,9 +307,7 @@ mod tests {
     #[test]
     fn corrupt_recv_entries_are_errors() {
         let (a, b) = pair();
-        a.my_recvs()
-            .publish(&[RecvSeg { addr: 1, len: 2 }])
-            .unwrap();
+        a.my_recvs().publish(&[RecvSeg { addr: 1, len: 2 }]).unwrap();
         // A's receives are the cache after the B->A ring; entry 0 follows
         // the 128-byte control block: seq u64, then nsegs u32.
         let cache = HEADER_BYTES + DIR_BYTES + RING_BYTES;

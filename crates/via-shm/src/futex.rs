@@ -16,20 +16,10 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) ->
         tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(d.subsec_nanos()),
     });
-    let tsp = ts
-        .as_ref()
-        .map_or(ptr::null(), |t| t as *const libc::timespec);
+    let tsp = ts.as_ref().map_or(ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: FUTEX_WAIT only reads the aligned word, which `word` keeps alive.
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            tsp,
-            ptr::null::<u32>(),
-            0u32,
-        )
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp, ptr::null::<u32>(), 0u32)
     };
     !(r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT))
 }

@@ -66,10 +66,7 @@ impl Inbox {
 
     fn wrap(region: SharedRegion) -> io::Result<Inbox> {
         if region.len() < INBOX_SEGMENT_BYTES {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "inbox segment too small",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "inbox segment too small"));
         }
         let dequeue = (0..INBOXES).map(|_| AtomicU64::new(0)).collect();
         Ok(Inbox { region, dequeue })
@@ -105,10 +102,7 @@ impl Inbox {
             let (cell, i) = self.cell(index, pos);
             let diff = cell.seq.load(Acquire).wrapping_add(i).wrapping_sub(pos) as i64;
             if diff == 0 {
-                match ctl
-                    .enqueue
-                    .compare_exchange_weak(pos, pos.wrapping_add(1), Relaxed, Relaxed)
-                {
+                match ctl.enqueue.compare_exchange_weak(pos, pos.wrapping_add(1), Relaxed, Relaxed) {
                     Ok(_) => {
                         cell.data.store(entry, Relaxed);
                         cell.seq.store(pos.wrapping_add(1).wrapping_sub(i), Release);
@@ -142,11 +136,7 @@ impl Inbox {
         let mut pos = deq.load(Relaxed);
         loop {
             let (cell, i) = self.cell(index, pos);
-            let diff = cell
-                .seq
-                .load(Acquire)
-                .wrapping_add(i)
-                .wrapping_sub(pos.wrapping_add(1)) as i64;
+            let diff = cell.seq.load(Acquire).wrapping_add(i).wrapping_sub(pos.wrapping_add(1)) as i64;
             if diff == 0 {
                 match deq.compare_exchange_weak(pos, pos.wrapping_add(1), Relaxed, Relaxed) {
                     Ok(_) => {
@@ -172,8 +162,7 @@ impl Inbox {
 
     /// Owner: reads and clears the overflow flag of queue `index`.
     pub fn take_overflow(&self, index: usize) -> bool {
-        self.ctl(index)
-            .is_some_and(|c| c.overflow.swap(0, SeqCst) != 0)
+        self.ctl(index).is_some_and(|c| c.overflow.swap(0, SeqCst) != 0)
     }
 
     /// Owner: sleeps until something is pushed into queue `index`, `wake` is

@@ -161,12 +161,7 @@ impl RecvCache {
             return Err(ShmError::Corrupt("receive cache published"));
         }
         let e = self.entry(seq);
-        let mut out = RecvEntry {
-            seq,
-            segs: [RecvSeg::default(); MAX_SEGS],
-            nsegs: 0,
-            total: 0,
-        };
+        let mut out = RecvEntry { seq, segs: [RecvSeg::default(); MAX_SEGS], nsegs: 0, total: 0 };
         // SAFETY: `e` is an entry inside the cache; fields are plain integers
         // and the segment index is bounded by MAX_SEGS before use.
         unsafe {
@@ -179,14 +174,9 @@ impl RecvCache {
             }
             for i in 0..out.nsegs as usize {
                 let raw = ptr::read_volatile(addr_of!((*e).segs[i]));
-                out.segs[i] = RecvSeg {
-                    addr: raw.addr,
-                    len: raw.len,
-                };
-                out.total = out
-                    .total
-                    .checked_add(u64::from(raw.len))
-                    .ok_or(ShmError::Corrupt("receive entry length"))?;
+                out.segs[i] = RecvSeg { addr: raw.addr, len: raw.len };
+                out.total =
+                    out.total.checked_add(u64::from(raw.len)).ok_or(ShmError::Corrupt("receive entry length"))?;
             }
         }
         let next = seq.wrapping_add(1);
@@ -198,9 +188,7 @@ impl RecvCache {
     /// Receives published and not yet taken, from this side's view, clamped
     /// to `RECV_ENTRIES`.
     pub fn available(&self) -> u64 {
-        self.published()
-            .wrapping_sub(self.taken())
-            .min(RECV_ENTRIES as u64)
+        self.published().wrapping_sub(self.taken()).min(RECV_ENTRIES as u64)
     }
 
     /// Receives published so far (the peer's unvalidated count on the taker side).

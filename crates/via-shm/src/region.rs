@@ -31,12 +31,10 @@ impl SharedRegion {
             .ok()
             .filter(|&s| s > 0)
             .ok_or_else(|| invalid(io::ErrorKind::InvalidInput, "bad shared region size"))?;
-        let cname = CString::new(name)
-            .map_err(|_| invalid(io::ErrorKind::InvalidInput, "NUL in region name"))?;
+        let cname = CString::new(name).map_err(|_| invalid(io::ErrorKind::InvalidInput, "NUL in region name"))?;
         // SAFETY: plain system calls on a valid C string and on our own fd.
         unsafe {
-            let raw =
-                libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            let raw = libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
             if raw < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -65,9 +63,7 @@ impl SharedRegion {
             if seals < 0 {
                 return Err(io::Error::last_os_error());
             }
-            if seals & libc::F_SEAL_SHRINK == 0
-                && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) < 0
-            {
+            if seals & libc::F_SEAL_SHRINK == 0 && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) < 0 {
                 return Err(io::Error::last_os_error());
             }
             let mut st = MaybeUninit::<libc::stat>::uninit();
@@ -86,20 +82,12 @@ impl SharedRegion {
     fn mmap(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
         // SAFETY: a fresh shared mapping of a file that cannot shrink below `len`.
         let p = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
+            libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
         };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| invalid(io::ErrorKind::Other, "null mapping"))?;
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| invalid(io::ErrorKind::Other, "null mapping"))?;
         Ok(SharedRegion { fd, ptr, len })
     }
 

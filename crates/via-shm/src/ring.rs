@@ -71,8 +71,7 @@ const CTL_BYTES: usize = size_of::<RingCtl>();
 pub(crate) const RING_BYTES: usize = CTL_BYTES + RING_SLOTS * SLOT_BYTES;
 
 const _: () = assert!(RING_SLOTS.is_power_of_two());
-const _: () =
-    assert!(SLOT_BYTES.is_multiple_of(64) && SLOT_BYTES >= SLOT_HEADER_BYTES + INLINE_MAX);
+const _: () = assert!(SLOT_BYTES.is_multiple_of(64) && SLOT_BYTES >= SLOT_HEADER_BYTES + INLINE_MAX);
 const _: () = assert!(size_of::<SlotHeader>() <= SLOT_HEADER_BYTES);
 
 /// One direction of a connection.  Callers serialize the producer side
@@ -141,10 +140,7 @@ impl Ring {
             return Err(ShmError::Full);
         }
         let slot = self.slot(head);
-        let hdr = SlotHeader {
-            inline_len: total as u32,
-            ..*hdr
-        };
+        let hdr = SlotHeader { inline_len: total as u32, ..*hdr };
         // SAFETY: the slot has room for the header and INLINE_MAX >= total bytes.
         unsafe {
             ptr::write_volatile(slot.cast::<SlotHeader>(), hdr);

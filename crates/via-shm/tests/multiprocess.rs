@@ -24,26 +24,15 @@ const PAUSE: Duration = Duration::from_millis(200);
 
 fn spawn(role: &str, fd: Option<BorrowedFd<'_>>) -> Child {
     let mut cmd = Command::new(env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child_process_entry",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ROLE_ENV, role)
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
+    cmd.args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"])
+        .env(ROLE_ENV, role)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
     if let Some(fd) = fd {
         let raw = fd.as_raw_fd();
         // SAFETY: dup2 is async-signal-safe; the new descriptor is not close-on-exec.
         unsafe {
-            cmd.pre_exec(move || {
-                if libc::dup2(raw, CHILD_FD) < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(())
-                }
-            });
+            cmd.pre_exec(move || if libc::dup2(raw, CHILD_FD) < 0 { Err(io::Error::last_os_error()) } else { Ok(()) });
         }
     }
     cmd.spawn().unwrap()
@@ -74,15 +63,11 @@ fn child_process_entry() {
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
-        .collect()
+    (0..len as u64).map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8).collect()
 }
 
 fn checksum(data: &[u8]) -> u32 {
-    data.iter().fold(0x811c9dc5u32, |h, &b| {
-        (h ^ u32::from(b)).wrapping_mul(0x01000193)
-    })
+    data.iter().fold(0x811c9dc5u32, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x01000193))
 }
 
 fn message(i: u64) -> (SlotHeader, Vec<u8>) {
@@ -112,14 +97,7 @@ fn ring_producer() {
         push(&hdr, &payload);
     }
     thread::sleep(PAUSE);
-    push(
-        &SlotHeader {
-            kind: SLOT_ERROR,
-            aux: u64::MAX,
-            ..Default::default()
-        },
-        &[],
-    );
+    push(&SlotHeader { kind: SLOT_ERROR, aux: u64::MAX, ..Default::default() }, &[]);
 }
 
 fn thread_cpu_time() -> Duration {
@@ -150,16 +128,7 @@ fn ring_carries_messages_between_processes_and_sleeps_when_idle() {
         let (half, rest) = buf.split_at_mut(500);
         let n = seg.rx().read_payload(&mut [half, rest]);
         let (want, payload) = message(next);
-        assert_eq!(
-            (hdr, &buf[..n]),
-            (
-                SlotHeader {
-                    inline_len: n as u32,
-                    ..want
-                },
-                &payload[..]
-            )
-        );
+        assert_eq!((hdr, &buf[..n]), (SlotHeader { inline_len: n as u32, ..want }, &payload[..]));
         assert_eq!(checksum(&buf[..n]), hdr.imm);
         seg.rx().pop();
         next += 1;
@@ -175,20 +144,12 @@ fn ring_carries_messages_between_processes_and_sleeps_when_idle() {
     let (cpu, wall) = (thread_cpu_time() - cpu, start.elapsed());
     assert_eq!((last.kind, last.aux), (SLOT_ERROR, u64::MAX));
     assert!(wall >= PAUSE / 4, "no pause observed: {wall:?}");
-    assert!(
-        cpu < PAUSE / 2,
-        "consumer burnt {cpu:?} of CPU in a {wall:?} pause"
-    );
+    assert!(cpu < PAUSE / 2, "consumer burnt {cpu:?} of CPU in a {wall:?} pause");
     finish(child);
 }
 
 fn recv_segs(i: u64) -> Vec<RecvSeg> {
-    (0..i % (MAX_SEGS as u64 + 1))
-        .map(|j| RecvSeg {
-            addr: i << 20 | j,
-            len: (i + j) as u32,
-        })
-        .collect()
+    (0..i % (MAX_SEGS as u64 + 1)).map(|j| RecvSeg { addr: i << 20 | j, len: (i + j) as u32 }).collect()
 }
 
 fn recv_taker() {
@@ -226,10 +187,7 @@ fn recv_cache_between_processes() {
         }
     }
     finish(child);
-    assert_eq!(
-        (seg.my_recvs().taken(), seg.my_recvs().available()),
-        (RECEIVES, 0)
-    );
+    assert_eq!((seg.my_recvs().taken(), seg.my_recvs().available()), (RECEIVES, 0));
 }
 
 /// Pushes `INBOX_PUSHES` entries tagged with producer `id`, retrying when full.
@@ -290,17 +248,8 @@ fn cma_target() {
     for line in io::stdin().lock().lines() {
         let seed: u64 = line.unwrap().trim().parse().unwrap();
         // The parent wrote into `buf` behind the compiler's back.
-        let now = unsafe {
-            std::slice::from_raw_parts(std::ptr::read_volatile(&buf.as_ptr()), buf.len())
-        };
-        println!(
-            "{}",
-            if now == &pattern(seed, CMA_BYTES)[..] {
-                "SAME"
-            } else {
-                "DIFFERENT"
-            }
-        );
+        let now = unsafe { std::slice::from_raw_parts(std::ptr::read_volatile(&buf.as_ptr()), buf.len()) };
+        println!("{}", if now == &pattern(seed, CMA_BYTES)[..] { "SAME" } else { "DIFFERENT" });
         io::stdout().flush().unwrap();
     }
 }
@@ -333,10 +282,7 @@ fn cma_reads_and_writes_another_process() {
             break at;
         }
     };
-    let mut words = line[at..]
-        .split_whitespace()
-        .skip(1)
-        .map(|w| w.parse::<u64>().unwrap());
+    let mut words = line[at..].split_whitespace().skip(1).map(|w| w.parse::<u64>().unwrap());
     let (addr, len) = (words.next().unwrap(), words.next().unwrap() as usize);
     assert_eq!(len, CMA_BYTES);
     let mut check = |seed: u64| {
@@ -374,25 +320,16 @@ fn cma_reads_and_writes_another_process() {
     // Sizes from one byte to the whole buffer, one segment each.
     for size in [1usize, 4095, 4097, 1 << 20, CMA_BYTES] {
         let data = pattern(3, size);
-        assert_eq!(
-            cma::write_remote(pid, &[IoSlice::new(&data)], &[(addr, size)]).unwrap(),
-            size
-        );
+        assert_eq!(cma::write_remote(pid, &[IoSlice::new(&data)], &[(addr, size)]).unwrap(), size);
         let mut back = vec![0u8; size];
-        assert_eq!(
-            cma::read_remote(pid, &mut [IoSliceMut::new(&mut back)], &[(addr, size)]).unwrap(),
-            size
-        );
+        assert_eq!(cma::read_remote(pid, &mut [IoSliceMut::new(&mut back)], &[(addr, size)]).unwrap(), size);
         assert!(back == data, "size {size}");
     }
     assert!(check(3));
 
     // A bad remote range after a good one gives a short count; alone, an error.
     let small = [7u8; 8192];
-    assert_eq!(
-        cma::write_remote(pid, &[IoSlice::new(&small)], &[(addr, 4096), (0, 4096)]).unwrap(),
-        4096
-    );
+    assert_eq!(cma::write_remote(pid, &[IoSlice::new(&small)], &[(addr, 4096), (0, 4096)]).unwrap(), 4096);
     assert!(cma::write_remote(pid, &[IoSlice::new(&small)], &[(0, 4096)]).is_err());
     drop(stdin);
     assert!(child.wait().unwrap().success());
@@ -416,10 +353,7 @@ fn futex_wakes_across_processes() {
     let start = Instant::now();
     while word.load(SeqCst) == 0 {
         // A lost wake-up would sleep the full 10 s.
-        assert!(
-            futex_wait(word, 0, Some(Duration::from_secs(10))),
-            "timed out"
-        );
+        assert!(futex_wait(word, 0, Some(Duration::from_secs(10))), "timed out");
     }
     assert!(start.elapsed() < Duration::from_secs(5));
     finish(child);

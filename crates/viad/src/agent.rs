@@ -1,25 +1,70 @@
-//! The agent's event loop: sessions, rendezvous by discriminator, counters.
+//! The agent's event loop: sessions, rendezvous by discriminator, connection
+//! management across hosts, counters.
 //!
-//! One thread polls the listening socket, a signalfd and every client.  A
-//! client sends exactly one request per connection; waiting requests stay in
-//! the client table until they match, time out or their client goes away.
+//! One thread polls the listening socket, a signalfd, the CM socket and every
+//! client.  A client sends exactly one request per connection (a listener
+//! that received a request from another host sends one more: its answer);
+//! waiting requests stay in the client table until they match, time out or
+//! their client goes away.
+//!
+//! # Across hosts
+//!
+//! A `Connect` for a host address that is not this host's is forwarded to
+//! that host's agent as a CM `Request` on UDP (see [`crate::cm`] for the
+//! retransmission and expiry rules).  The remote agent holds it, answers each
+//! copy with `Ack`, and hands it to a listener of its own (oldest first) as
+//! an `Incoming` without descriptors; the listener's process answers on the
+//! same connection with `Accept` (its endpoint) or `Reject`, which the remote
+//! agent sends back until the requester's agent acknowledges it.  A listener
+//! that goes away without answering gives the request back to the queue.
+//!
+//! A `PeerConnect` for another host is forwarded only by the host whose
+//! address is the larger one (byte-wise), as `Request { peer: true }`; the
+//! other host never forwards, and matches the forwarded request with its
+//! local mirror-image request, answering `Accept` with its local process's
+//! endpoint.  The forwarder's process is side A, the other one side B.  The
+//! side-B process is told `PeerMatched` once the Accept is acknowledged; if
+//! the forwarder's agent says the request no longer waits (`NoMatch`), the
+//! local request waits again.
+//!
+//! `NoMatch { id }` also says: "this request is not for this host" (its
+//! `to_host` is not one of ours), "too many requests are held here", and,
+//! from a requester's agent to an `Accept`, "that request no longer waits"
+//! (the listener's `Responder::accept` then fails with `NoMatch`).  An
+//! `Accept` whose `Ack` was lost is acknowledged again for
+//! [`crate::cm::FINISHED_MEMORY`]; a `Reject` is always acknowledged.
 
 use std::collections::BTreeMap;
 use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
+use via_wire::cm::{CmEndpoint, CmMessage, CM_PORT};
 
+use crate::client::{decode_endpoint, encode_endpoint};
+use crate::cm::{Arrival, Cm, Event, Held, HeldKey, HeldState, Outcome};
 use crate::device;
-use crate::proto::{ErrorKind, Reply, Request, Side, FOREVER};
+use crate::proto::{ConnectReq, ErrorKind, Reply, Request, Side, FOREVER};
 use crate::sock;
+use crate::udp::CmSocket;
 
 /// How the agent runs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Config {
-    /// Exit after this long without any client connection; `None` = never.
+    /// Exit after this long without any client connection (and with no
+    /// cross-host request in flight); `None` = never.
     pub idle_timeout: Option<Duration>,
+    /// UDP port of the connection managers of all hosts; 0 = no cross-host
+    /// connections (requests for other hosts are unreachable).
+    pub cm_port: u16,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config { idle_timeout: None, cm_port: CM_PORT }
+    }
 }
 
 /// Binds the agent's socket; `Ok(None)` when another agent holds the name.
@@ -31,20 +76,32 @@ pub fn bind(name: &str) -> io::Result<Option<OwnedFd>> {
     }
 }
 
-/// Serves clients on `listener` until Stop, SIGTERM/SIGINT or the idle timeout.
-/// Blocks SIGTERM and SIGINT in the calling thread to receive them on a signalfd.
+/// Serves clients on `listener`, and other hosts' agents on the CM port,
+/// until Stop, SIGTERM/SIGINT or the idle timeout.  Blocks SIGTERM and
+/// SIGINT in the calling thread to receive them on a signalfd.  A CM port
+/// that cannot be bound is logged, and the agent serves this host only.
 pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
     let signals = signal_fd()?;
-    let mut agent = Agent {
-        started: Some(Instant::now()),
-        ..Agent::default()
+    let udp = match config.cm_port {
+        0 => None,
+        port => match CmSocket::bind(port) {
+            Ok(s) => {
+                info!(port, dual_stack = s.is_v6(), "CM socket bound");
+                Some(s)
+            }
+            Err(e) => {
+                warn!("cannot bind CM port {port}: {e}; other hosts are unreachable");
+                None
+            }
+        },
     };
+    let mut agent = Agent::new(udp, config.cm_port);
     let mut idle_since = Some(Instant::now());
     loop {
         let now = Instant::now();
-        agent.expire(now);
+        agent.tick(now);
         let mut deadline = agent.next_deadline();
-        if agent.clients.is_empty() {
+        if agent.idle() {
             let since = *idle_since.get_or_insert(now);
             if let Some(idle) = config.idle_timeout {
                 if now >= since + idle {
@@ -60,17 +117,15 @@ pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
             let left = d.saturating_duration_since(now);
             left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
         });
+        let cm_fd = agent.udp.as_ref().map_or(-1, |u| u.as_fd().as_raw_fd());
         let tokens: Vec<u64> = agent.clients.keys().copied().collect();
-        let mut fds: Vec<libc::pollfd> = [listener.as_raw_fd(), signals.as_raw_fd()]
+        let mut fds: Vec<libc::pollfd> = [listener.as_raw_fd(), signals.as_raw_fd(), cm_fd]
             .into_iter()
             .chain(agent.clients.values().map(|c| c.fd.as_raw_fd()))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
             .collect();
-        // SAFETY: `fds` is a valid array of pollfd of the given length.
+        // SAFETY: `fds` is a valid array of pollfd of the given length (a
+        // negative fd is ignored by poll).
         if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) } < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -82,10 +137,13 @@ pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
             info!("signal received, exiting");
             return Ok(());
         }
-        for (token, p) in tokens.iter().zip(&fds[2..]) {
+        for (token, p) in tokens.iter().zip(&fds[3..]) {
             if p.revents != 0 {
                 agent.readable(*token);
             }
+        }
+        if fds[2].revents != 0 {
+            agent.cm_readable();
         }
         if fds[0].revents != 0 {
             agent.accept_all(listener.as_fd());
@@ -117,6 +175,26 @@ fn signal_fd() -> io::Result<OwnedFd> {
     }
 }
 
+/// A random 64-bit number (for CM request ids).
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    match n {
+        8 => u64::from_ne_bytes(b),
+        _ => {
+            let t =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+            t ^ (u64::from(std::process::id()) << 32)
+        }
+    }
+}
+
+/// A CM message's bytes; empty (nothing is sent) if a field is over its limit.
+fn wire(msg: &CmMessage) -> Vec<u8> {
+    msg.try_encode().unwrap_or_default()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Listen,
@@ -136,12 +214,29 @@ struct Waiter {
     segment_bytes: u64,
     deadline: Option<Instant>,
     inbox: OwnedFd,
+    /// A peer request for another host, waiting here for that host's
+    /// forwarded request: the process's endpoint (decoded `info`).
+    endpoint: Option<CmEndpoint>,
 }
 
 enum State {
+    /// Connected; no request yet.
     New,
+    /// An open device.
     Session,
+    /// A request waiting for its partner on this host (or, for a peer
+    /// request of the smaller host, for the other host's request).
     Waiting(Waiter),
+    /// A request forwarded to another host as CM request `id`.
+    Forwarded { id: u64, peer: bool },
+    /// A listener that got a request from another host; its answer is due.
+    Answering(HeldKey),
+    /// A listener that accepted a request from another host; waiting for
+    /// the requester's agent to acknowledge.
+    Confirming(HeldKey),
+    /// A peer request matched with another host's request; waiting for that
+    /// host's agent to acknowledge this side's Accept.
+    PeerConfirming { key: HeldKey, waiter: Waiter, remote_info: Vec<u8> },
 }
 
 struct Client {
@@ -149,7 +244,6 @@ struct Client {
     state: State,
 }
 
-#[derive(Default)]
 struct Agent {
     clients: BTreeMap<u64, Client>,
     next_token: u64,
@@ -160,8 +254,11 @@ struct Agent {
     listen_timeouts: u64,
     unreachable: u64,
     protocol_errors: u64,
-    started: Option<Instant>,
+    started: Instant,
     stop: bool,
+    cm: Cm,
+    udp: Option<CmSocket>,
+    cm_port: u16,
 }
 
 fn same_host(a: &[u8], b: &[u8]) -> bool {
@@ -173,8 +270,11 @@ fn serves(l: &Waiter, c: &Waiter) -> bool {
     same_host(&l.local_host, &c.remote_host) && l.local_disc == c.remote_disc
 }
 
-/// Whether two waiting requests pair up.
+/// Whether two waiting requests of this host pair up.
 fn pairs(a: &Waiter, b: &Waiter) -> bool {
+    if a.endpoint.is_some() || b.endpoint.is_some() {
+        return false;
+    }
     match (a.kind, b.kind) {
         (Kind::Listen, Kind::Connect) => serves(a, b),
         (Kind::Connect, Kind::Listen) => serves(b, a),
@@ -185,6 +285,24 @@ fn pairs(a: &Waiter, b: &Waiter) -> bool {
                 && b.local_disc == a.remote_disc
         }
         _ => false,
+    }
+}
+
+/// Whether waiting request `w` takes the request `h` from another host: a
+/// listener takes a connect request for it, a peer request of this (the
+/// smaller) host takes its mirror image.
+fn takes(w: &Waiter, h: &Held) -> bool {
+    let for_w = same_host(&w.local_host, &h.to_host) && w.local_disc == h.to_disc;
+    match w.kind {
+        Kind::Listen => !h.peer && for_w,
+        Kind::Peer => {
+            h.peer
+                && w.endpoint.is_some()
+                && for_w
+                && same_host(&w.remote_host, &h.from_host)
+                && w.remote_disc == h.from_disc
+        }
+        Kind::Connect => false,
     }
 }
 
@@ -212,7 +330,45 @@ fn resources(bytes: u64) -> io::Result<(OwnedFd, OwnedFd, OwnedFd)> {
     Ok((memfd, s0, s1))
 }
 
+fn deadline_after(now: Instant, ms: u64) -> Option<Instant> {
+    match ms {
+        FOREVER => None,
+        ms => now.checked_add(Duration::from_millis(ms)),
+    }
+}
+
 impl Agent {
+    fn new(udp: Option<CmSocket>, cm_port: u16) -> Agent {
+        Agent {
+            clients: BTreeMap::new(),
+            next_token: 0,
+            next_seq: 0,
+            matched: 0,
+            peer_matched: 0,
+            no_match: 0,
+            listen_timeouts: 0,
+            unreachable: 0,
+            protocol_errors: 0,
+            started: Instant::now(),
+            stop: false,
+            cm: Cm::new(random_u64()),
+            udp,
+            cm_port,
+        }
+    }
+
+    /// Nothing to do: no client and nothing in flight with other hosts.
+    fn idle(&self) -> bool {
+        self.clients.is_empty() && !self.cm.busy()
+    }
+
+    /// Runs the timers and tidies up after clients that went away.
+    fn tick(&mut self, now: Instant) {
+        self.expire(now);
+        self.cm_poll(now);
+        self.sweep(now);
+    }
+
     fn accept_all(&mut self, listener: BorrowedFd) {
         loop {
             match sock::accept(listener) {
@@ -232,6 +388,8 @@ impl Agent {
         let Some(client) = self.clients.get(&token) else {
             return;
         };
+        let answering = matches!(client.state, State::Answering(_));
+        let fresh = matches!(client.state, State::New);
         match sock::recv(client.fd.as_fd()) {
             Ok(None) => {
                 debug!(client = token, "disconnected");
@@ -242,11 +400,10 @@ impl Agent {
                 debug!(client = token, "receive failed: {e}");
                 self.clients.remove(&token);
             }
-            Ok(Some(_)) if !matches!(client.state, State::New) => {
-                self.malformed(token, "message after the request")
-            }
+            Ok(Some(_)) if !fresh && !answering => self.malformed(token, "message after the request"),
             Ok(Some(msg)) if msg.truncated => self.malformed(token, "message too long"),
             Ok(Some(msg)) => match Request::decode(&msg.data) {
+                Ok(req) if answering => self.answered(token, req, msg.fds),
                 Ok(req) => self.handle(token, req, msg.fds),
                 Err(e) => self.malformed(token, e.0),
             },
@@ -285,11 +442,17 @@ impl Agent {
         self.clients.remove(&token);
     }
 
+    /// Refuses a request the wire format allowed: replies an error, closes.
+    fn invalid(&mut self, token: u64, message: &str) {
+        self.protocol_errors += 1;
+        debug!(client = token, "invalid request: {message}");
+        let kind = ErrorKind::Invalid;
+        let message = message.to_string();
+        self.finish(token, &Reply::Error { kind, message });
+    }
+
     fn handle(&mut self, token: u64, req: Request, mut fds: Vec<OwnedFd>) {
-        let wants_fd = matches!(
-            req,
-            Request::Listen(_) | Request::Connect(_) | Request::PeerConnect(_)
-        );
+        let wants_fd = matches!(req, Request::Listen(_) | Request::Connect(_) | Request::PeerConnect(_));
         if fds.len() != wants_fd as usize {
             return self.malformed(token, "wrong number of descriptors");
         }
@@ -299,16 +462,16 @@ impl Agent {
         };
         let seq = self.next_seq;
         self.next_seq += 1;
-        let deadline = |ms: u64| match ms {
-            FOREVER => None,
-            ms => Instant::now().checked_add(Duration::from_millis(ms)),
-        };
+        let now = Instant::now();
         let waiter = match req {
             Request::Hello { device } => return self.hello(token, &device),
             Request::Stats => return self.finish(token, &Reply::Stats(self.counters())),
             Request::Stop => {
                 self.stop = true;
                 return self.finish(token, &Reply::Done);
+            }
+            Request::Accept { .. } | Request::Reject => {
+                return self.malformed(token, "an answer without a request from another host")
             }
             Request::Listen(l) => Waiter {
                 kind: Kind::Listen,
@@ -319,13 +482,12 @@ impl Agent {
                 remote_disc: Vec::new(),
                 info: l.info,
                 segment_bytes: 0,
-                deadline: deadline(l.timeout_ms),
+                deadline: deadline_after(now, l.timeout_ms),
                 inbox: fds.remove(0),
+                endpoint: None,
             },
             Request::Connect(c) | Request::PeerConnect(c) if !device::is_local(&c.remote_host) => {
-                debug!(client = token, pid = c.pid, host = ?c.remote_host, "unreachable");
-                self.unreachable += 1;
-                return self.finish(token, &Reply::Unreachable);
+                return self.remote(token, kind, seq, c, fds.remove(0), now);
             }
             Request::Connect(c) | Request::PeerConnect(c) => Waiter {
                 kind,
@@ -336,8 +498,9 @@ impl Agent {
                 remote_disc: c.remote_disc,
                 info: c.info,
                 segment_bytes: c.segment_bytes,
-                deadline: deadline(c.timeout_ms),
+                deadline: deadline_after(now, c.timeout_ms),
                 inbox: fds.remove(0),
+                endpoint: None,
             },
         };
         self.wait(token, waiter);
@@ -350,6 +513,7 @@ impl Agent {
                     name: d.name,
                     interface: d.interface,
                     host_addr: d.host_addr,
+                    host_addr6: d.host_addr6.unwrap_or_default(),
                     mtu: d.mtu,
                 };
                 if self.send(token, &reply, &[]) {
@@ -373,14 +537,23 @@ impl Agent {
         }
     }
 
-    /// Queues `w` for `token`, then pairs it with the oldest matching waiter.
+    fn state(&self, token: u64) -> Option<&State> {
+        self.clients.get(&token).map(|c| &c.state)
+    }
+
+    fn set_state(&mut self, token: u64, state: State) {
+        if let Some(c) = self.clients.get_mut(&token) {
+            c.state = state;
+        }
+    }
+
+    /// Queues `w` for `token`, then pairs it with the oldest matching waiter
+    /// of this host or request from another host.
     fn wait(&mut self, token: u64, w: Waiter) {
         debug!(client = token, kind = ?w.kind, disc = ?w.local_disc, "waiting");
-        if let Some(c) = self.clients.get_mut(&token) {
-            c.state = State::Waiting(w);
-        }
+        self.set_state(token, State::Waiting(w));
         while let Some(w) = self.waiter(token) {
-            let partner = self
+            let local = self
                 .clients
                 .iter()
                 .filter_map(|(t, c)| match &c.state {
@@ -388,10 +561,31 @@ impl Agent {
                     _ => None,
                 })
                 .min();
-            let Some((_, old)) = partner else { return };
-            // A partner that has gone away is dropped and the next one tried.
-            if let Err(gone) = self.pair(old, token) {
-                self.clients.remove(&gone);
+            let remote = self
+                .cm
+                .held
+                .iter()
+                .filter(|(_, h)| matches!(h.state, HeldState::Queued) && takes(w, h))
+                .map(|(k, h)| (h.seq, *k))
+                .min();
+            let peer = w.kind == Kind::Peer;
+            match (local, remote) {
+                (Some((seq, old)), r) if r.is_none_or(|(rs, _)| seq < rs) => {
+                    // A partner that has gone away is dropped and the next one tried.
+                    if let Err(gone) = self.pair(old, token) {
+                        self.clients.remove(&gone);
+                    }
+                }
+                (_, Some((_, key))) => {
+                    match peer {
+                        true => self.peer_accept(key, token, Instant::now()),
+                        false => {
+                            self.deliver(key, token);
+                        }
+                    }
+                    return;
+                }
+                _ => return,
             }
         }
     }
@@ -416,23 +610,16 @@ impl Agent {
         };
         let (reply_a, reply_b) = match a.kind {
             Kind::Peer => (
-                Reply::PeerMatched {
-                    side: Side::A,
-                    remote_info: b.info.clone(),
-                },
-                Reply::PeerMatched {
-                    side: Side::B,
-                    remote_info: a.info.clone(),
-                },
+                Reply::PeerMatched { side: Side::A, remote_info: b.info.clone(), remote: false },
+                Reply::PeerMatched { side: Side::B, remote_info: a.info.clone(), remote: false },
             ),
             _ => (
-                Reply::Matched {
-                    remote_info: b.info.clone(),
-                },
+                Reply::Matched { remote_info: b.info.clone(), remote: false },
                 Reply::Incoming {
                     remote_host: a.local_host.clone(),
                     remote_disc: a.local_disc.clone(),
                     remote_info: a.info.clone(),
+                    remote: false,
                 },
             ),
         };
@@ -460,19 +647,22 @@ impl Agent {
 
     /// Answers every waiter whose deadline has passed.
     fn expire(&mut self, now: Instant) {
-        let expired: Vec<(u64, Kind)> = self
+        let expired: Vec<(u64, Kind, bool)> = self
             .clients
             .iter()
             .filter_map(|(t, c)| match &c.state {
-                State::Waiting(w) if w.deadline.is_some_and(|d| d <= now) => Some((*t, w.kind)),
+                State::Waiting(w) if w.deadline.is_some_and(|d| d <= now) => Some((*t, w.kind, w.endpoint.is_some())),
                 _ => None,
             })
             .collect();
-        for (token, kind) in expired {
+        for (token, kind, remote) in expired {
             debug!(client = token, ?kind, "timed out");
             match kind {
                 Kind::Listen => self.listen_timeouts += 1,
                 _ => self.no_match += 1,
+            }
+            if remote {
+                self.cm.stats.no_match += 1;
             }
             self.finish(token, &Reply::NoMatch);
         }
@@ -485,15 +675,18 @@ impl Agent {
                 State::Waiting(w) => w.deadline,
                 _ => None,
             })
+            .chain(self.cm.next_deadline())
             .min()
     }
 
     fn counters(&self) -> Vec<(String, u64)> {
-        let count = |f: &dyn Fn(&State) -> bool| {
-            self.clients.values().filter(|c| f(&c.state)).count() as u64
-        };
-        let waiting = |k: Kind| count(&|s| matches!(s, State::Waiting(w) if w.kind == k));
-        let uptime = self.started.map_or(0, |s| s.elapsed().as_secs());
+        let count = |f: &dyn Fn(&State) -> bool| self.clients.values().filter(|c| f(&c.state)).count() as u64;
+        let waiting = |k: Kind| count(&|s| matches!(s, State::Waiting(w) if w.kind == k && w.endpoint.is_none()));
+        let remote_waiting =
+            count(&|s| matches!(s, State::Forwarded { .. } | State::Waiting(Waiter { endpoint: Some(_), .. })));
+        let uptime = self.started.elapsed().as_secs();
+        let cm_port = self.udp.as_ref().and_then(|u| u.local_addr().ok()).map_or(0, |a| a.port());
+        let s = &self.cm.stats;
         [
             ("clients", self.clients.len() as u64),
             ("sessions", count(&|s| matches!(s, State::Session))),
@@ -507,9 +700,443 @@ impl Agent {
             ("unreachable", self.unreachable),
             ("protocol_errors", self.protocol_errors),
             ("uptime_seconds", uptime),
+            ("cm_port", u64::from(cm_port)),
+            ("remote_pending", remote_waiting),
+            ("remote_held", self.cm.held.len() as u64),
+            ("cm_requests_sent", s.requests_sent),
+            ("cm_requests_received", s.requests_received),
+            ("cm_duplicates", s.duplicates),
+            ("cm_retransmits", s.retransmits),
+            ("cm_accepts", s.accepts),
+            ("cm_rejects", s.rejects),
+            ("cm_no_match", s.no_match),
+            ("cm_unreachable", s.unreachable),
+            ("cm_malformed", s.malformed),
+            ("remote_listeners_matched", s.remote_listeners_matched),
         ]
         .into_iter()
         .map(|(n, v)| (n.to_string(), v))
         .collect()
+    }
+
+    // ---- across hosts -------------------------------------------------
+
+    /// The CM address of the agent of VIA host `host`, if it can be reached.
+    fn cm_dest(&self, host: &[u8]) -> Option<SocketAddr> {
+        let udp = self.udp.as_ref()?;
+        let ip = match host.len() {
+            4 => IpAddr::from(<[u8; 4]>::try_from(host).ok()?),
+            16 => IpAddr::from(<[u8; 16]>::try_from(host).ok()?),
+            _ => return None,
+        }
+        .to_canonical();
+        match udp.is_v6() || ip.is_ipv4() {
+            true => Some(SocketAddr::new(ip, self.cm_port)),
+            false => None,
+        }
+    }
+
+    fn send_udp(&self, dest: SocketAddr, datagram: &[u8]) {
+        let Some(udp) = self.udp.as_ref() else { return };
+        if datagram.is_empty() {
+            return;
+        }
+        if let Err(e) = udp.send_to(dest, datagram) {
+            debug!(%dest, "CM send failed: {e}");
+        }
+    }
+
+    /// A connect or peer request for another host.
+    fn remote(&mut self, token: u64, kind: Kind, seq: u64, c: ConnectReq, inbox: OwnedFd, now: Instant) {
+        let Some(endpoint) = decode_endpoint(&c.info) else {
+            return self.invalid(token, "info of a request for another host is not an endpoint");
+        };
+        let Some(dest) = self.cm_dest(&c.remote_host) else {
+            debug!(client = token, pid = c.pid, host = ?c.remote_host, "unreachable");
+            self.unreachable += 1;
+            self.cm.stats.unreachable += 1;
+            return self.finish(token, &Reply::Unreachable);
+        };
+        let deadline = deadline_after(now, c.timeout_ms);
+        if kind == Kind::Peer && c.local_host <= c.remote_host {
+            // The host with the smaller address never forwards a peer
+            // request: it waits for the other host's one.
+            let waiter = Waiter {
+                kind,
+                seq,
+                local_host: c.local_host,
+                local_disc: c.local_disc,
+                remote_host: c.remote_host,
+                remote_disc: c.remote_disc,
+                info: c.info,
+                segment_bytes: c.segment_bytes,
+                deadline,
+                inbox,
+                endpoint: Some(endpoint),
+            };
+            return self.wait(token, waiter);
+        }
+        let peer = kind == Kind::Peer;
+        let encode = |id| {
+            CmMessage::Request {
+                id,
+                from_host: c.local_host.clone(),
+                from_disc: c.local_disc.clone(),
+                to_host: c.remote_host.clone(),
+                to_disc: c.remote_disc.clone(),
+                peer,
+                endpoint,
+            }
+            .try_encode()
+            .ok()
+        };
+        let Some((id, datagram)) = self.cm.start(token, dest, encode, deadline, now) else {
+            return self.invalid(token, "request cannot be encoded for another host");
+        };
+        info!(client = token, pid = c.pid, id, %dest, peer, "forwarded");
+        self.send_udp(dest, &datagram);
+        self.set_state(token, State::Forwarded { id, peer });
+    }
+
+    /// Reads every datagram waiting on the CM socket.
+    fn cm_readable(&mut self) {
+        let mut buf = [0u8; 2048];
+        // Bounded, so that clients get their turn under a flood.
+        for _ in 0..256 {
+            let Some(udp) = self.udp.as_ref() else { return };
+            let (n, src) = match udp.recv_from(&mut buf) {
+                Ok(r) => r,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => return debug!("CM receive failed: {e}"),
+            };
+            match CmMessage::decode(&buf[..n]) {
+                Ok(msg) => self.cm_message(src, msg, Instant::now()),
+                Err(e) => {
+                    self.cm.stats.malformed += 1;
+                    debug!(%src, len = n, "malformed CM datagram: {e}");
+                }
+            }
+        }
+    }
+
+    fn cm_message(&mut self, src: SocketAddr, msg: CmMessage, now: Instant) {
+        debug!(%src, ?msg, "CM message");
+        match msg {
+            CmMessage::Request { id, from_host, from_disc, to_host, to_disc, peer, endpoint } => {
+                if !device::is_local(&to_host) {
+                    debug!(%src, id, "request for another host's address");
+                    return self.send_udp(src, &wire(&CmMessage::NoMatch { id }));
+                }
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let held = Held {
+                    seq,
+                    from_host,
+                    from_disc,
+                    to_host,
+                    to_disc,
+                    peer,
+                    endpoint,
+                    last_seen: now,
+                    state: HeldState::Queued,
+                };
+                match self.cm.arrive(src, id, held) {
+                    Arrival::Duplicate(reply) => self.send_udp(src, &reply),
+                    Arrival::Full => {
+                        warn!(%src, id, "too many requests from other hosts; refused");
+                        self.send_udp(src, &wire(&CmMessage::NoMatch { id }));
+                    }
+                    Arrival::New => {
+                        info!(%src, id, peer, "request from another host");
+                        self.send_udp(src, &wire(&CmMessage::Ack { id }));
+                        self.match_held((src, id), now);
+                    }
+                }
+            }
+            CmMessage::Accept { id, endpoint } => self.cm_accept(src, id, &endpoint, now),
+            CmMessage::Reject { id } => {
+                if let Some(o) = self.cm.finish(id, Some(Outcome::Rejected), now) {
+                    info!(client = o.token, id, "rejected by the remote listener");
+                    self.cm.stats.rejects += 1;
+                    self.finish(o.token, &Reply::Rejected);
+                }
+                // Acknowledged even when unknown: it stops the retransmission.
+                self.send_udp(src, &wire(&CmMessage::Ack { id }));
+            }
+            CmMessage::NoMatch { id } => {
+                // Either the remote agent refuses our request...
+                if let Some(o) = self.cm.finish(id, None, now) {
+                    info!(client = o.token, id, "refused by the remote agent");
+                    self.no_match += 1;
+                    self.cm.stats.no_match += 1;
+                    self.finish(o.token, &Reply::NoMatch);
+                }
+                // ...or the requester no longer waits for our answer.
+                if let Some(Some(waiter)) = self.cm.answer_refused((src, id)) {
+                    self.answer_refused(waiter, (src, id));
+                }
+            }
+            CmMessage::Ack { id } => {
+                self.cm.outgoing_acked(id);
+                if let Some(Some(waiter)) = self.cm.answer_acked((src, id)) {
+                    self.answer_acked(waiter, (src, id));
+                }
+            }
+            CmMessage::KeepAlive { nonce } => self.send_udp(src, &wire(&CmMessage::KeepAliveReply { nonce })),
+            CmMessage::KeepAliveReply { .. } => {}
+        }
+    }
+
+    /// The remote side accepted our request `id`.
+    fn cm_accept(&mut self, src: SocketAddr, id: u64, endpoint: &CmEndpoint, now: Instant) {
+        let Some(token) = self.cm.outgoing.get(&id).map(|o| o.token) else {
+            // A copy whose Ack was lost is acknowledged again; anything
+            // else is for a request that no longer waits.
+            let reply = match self.cm.outcome(id) {
+                Some(Outcome::Accepted) => CmMessage::Ack { id },
+                _ => CmMessage::NoMatch { id },
+            };
+            return self.send_udp(src, &wire(&reply));
+        };
+        let remote_info = encode_endpoint(endpoint);
+        let reply = match self.state(token) {
+            Some(State::Forwarded { peer: true, .. }) => {
+                Reply::PeerMatched { side: Side::A, remote_info, remote: true }
+            }
+            _ => Reply::Matched { remote_info, remote: true },
+        };
+        let delivered = self.send(token, &reply, &[]);
+        info!(client = token, id, delivered, "accepted by the remote side");
+        self.clients.remove(&token);
+        match delivered {
+            true => {
+                self.cm.finish(id, Some(Outcome::Accepted), now);
+                self.cm.stats.accepts += 1;
+                self.send_udp(src, &wire(&CmMessage::Ack { id }));
+            }
+            false => {
+                self.cm.finish(id, None, now);
+                self.send_udp(src, &wire(&CmMessage::NoMatch { id }));
+            }
+        }
+    }
+
+    /// Hands a queued request from another host to the oldest local waiter
+    /// that takes it, if any.
+    fn match_held(&mut self, key: HeldKey, now: Instant) {
+        loop {
+            let Some(h) = self.cm.held.get(&key) else {
+                return;
+            };
+            if !matches!(h.state, HeldState::Queued) {
+                return;
+            }
+            let partner = self
+                .clients
+                .iter()
+                .filter_map(|(t, c)| match &c.state {
+                    State::Waiting(w) if takes(w, h) => Some((w.seq, *t)),
+                    _ => None,
+                })
+                .min();
+            let Some((_, token)) = partner else {
+                return;
+            };
+            if h.peer {
+                return self.peer_accept(key, token, now);
+            }
+            if self.deliver(key, token) {
+                return;
+            }
+        }
+    }
+
+    /// Hands held request `key` to listener `token`; `false` when the
+    /// listener has gone (it is dropped).
+    fn deliver(&mut self, key: HeldKey, token: u64) -> bool {
+        let Some(h) = self.cm.held.get(&key) else {
+            return true;
+        };
+        let reply = Reply::Incoming {
+            remote_host: h.from_host.clone(),
+            remote_disc: h.from_disc.clone(),
+            remote_info: encode_endpoint(&h.endpoint),
+            remote: true,
+        };
+        if !self.send(token, &reply, &[]) {
+            self.clients.remove(&token);
+            return false;
+        }
+        if let Some(h) = self.cm.held.get_mut(&key) {
+            h.state = HeldState::Delivered(token);
+        }
+        self.cm.stats.remote_listeners_matched += 1;
+        info!(client = token, src = %key.0, id = key.1, "request from another host delivered");
+        self.set_state(token, State::Answering(key));
+        true
+    }
+
+    /// Matches local peer request `token` (of the smaller host) with the
+    /// other host's request `key`: sends Accept with the local endpoint.
+    fn peer_accept(&mut self, key: HeldKey, token: u64, now: Instant) {
+        let Some(c) = self.clients.get_mut(&token) else {
+            return;
+        };
+        let waiter = match std::mem::replace(&mut c.state, State::New) {
+            State::Waiting(w) => w,
+            other => {
+                c.state = other;
+                return;
+            }
+        };
+        let (Some(h), Some(endpoint)) = (self.cm.held.get(&key), waiter.endpoint.clone()) else {
+            return self.set_state(token, State::Waiting(waiter));
+        };
+        let remote_info = encode_endpoint(&h.endpoint);
+        let datagram = wire(&CmMessage::Accept { id: key.1, endpoint });
+        self.cm.answer(key, datagram.clone(), Some(token), now);
+        self.send_udp(key.0, &datagram);
+        self.cm.stats.accepts += 1;
+        info!(client = token, src = %key.0, id = key.1, "peer request matched across hosts");
+        let state = State::PeerConfirming { key, waiter, remote_info };
+        self.set_state(token, state);
+    }
+
+    /// A listener's second message: its answer to a request from another host.
+    fn answered(&mut self, token: u64, req: Request, fds: Vec<OwnedFd>) {
+        if !fds.is_empty() {
+            return self.malformed(token, "descriptors with an answer");
+        }
+        let accept = match req {
+            Request::Accept { info } => Some(info),
+            Request::Reject => None,
+            _ => return self.malformed(token, "expected Accept or Reject"),
+        };
+        let Some(State::Answering(key)) = self.state(token) else {
+            return;
+        };
+        let key = *key;
+        let now = Instant::now();
+        let ours = self.cm.held.get(&key).is_some_and(|h| matches!(h.state, HeldState::Delivered(t) if t == token));
+        if !ours {
+            // The requester stopped asking and the request expired.
+            return self.finish(token, &Reply::NoMatch);
+        }
+        let Some(info) = accept else {
+            let datagram = wire(&CmMessage::Reject { id: key.1 });
+            self.cm.answer(key, datagram.clone(), None, now);
+            self.send_udp(key.0, &datagram);
+            self.cm.stats.rejects += 1;
+            info!(client = token, id = key.1, "listener rejected");
+            return self.finish(token, &Reply::Done);
+        };
+        let Some(endpoint) = decode_endpoint(&info) else {
+            // The request goes back to the queue (see `sweep`).
+            return self.invalid(token, "accept info is not an endpoint");
+        };
+        let datagram = wire(&CmMessage::Accept { id: key.1, endpoint });
+        self.cm.answer(key, datagram.clone(), Some(token), now);
+        self.send_udp(key.0, &datagram);
+        self.cm.stats.accepts += 1;
+        info!(client = token, id = key.1, "listener accepted");
+        self.set_state(token, State::Confirming(key));
+    }
+
+    /// The requester's agent acknowledged the answer to `key`, which
+    /// `token` waits for.
+    fn answer_acked(&mut self, token: u64, key: HeldKey) {
+        match self.state(token) {
+            Some(State::Confirming(k)) if *k == key => self.finish(token, &Reply::Done),
+            Some(State::PeerConfirming { key: k, remote_info, .. }) if *k == key => {
+                let reply = Reply::PeerMatched { side: Side::B, remote_info: remote_info.clone(), remote: true };
+                self.finish(token, &reply);
+            }
+            _ => {}
+        }
+    }
+
+    /// The requester's agent says request `key` no longer waits.
+    fn answer_refused(&mut self, token: u64, key: HeldKey) {
+        match self.state(token) {
+            Some(State::Confirming(k)) if *k == key => self.finish(token, &Reply::NoMatch),
+            Some(State::PeerConfirming { key: k, .. }) if *k == key => {
+                let Some(c) = self.clients.get_mut(&token) else {
+                    return;
+                };
+                if let State::PeerConfirming { waiter, .. } = std::mem::replace(&mut c.state, State::New) {
+                    debug!(client = token, "the other host's request is gone; waiting again");
+                    self.wait(token, waiter);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Runs the CM timers.
+    fn cm_poll(&mut self, now: Instant) {
+        for event in self.cm.poll(now) {
+            match event {
+                Event::Send(dest, datagram) => self.send_udp(dest, &datagram),
+                Event::TimedOut { token, acked } => {
+                    debug!(client = token, acked, "forwarded request timed out");
+                    match acked {
+                        true => {
+                            self.no_match += 1;
+                            self.finish(token, &Reply::NoMatch);
+                        }
+                        false => {
+                            self.unreachable += 1;
+                            self.finish(token, &Reply::Unreachable);
+                        }
+                    }
+                }
+                Event::GaveUp { key, waiter } => {
+                    debug!(src = %key.0, id = key.1, "answer never acknowledged");
+                    let Some(token) = waiter else { continue };
+                    let waits = matches!(
+                        self.state(token),
+                        Some(State::Confirming(k) | State::PeerConfirming { key: k, .. }) if *k == key
+                    );
+                    if waits {
+                        self.finish(token, &Reply::Unreachable);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets forwarded requests whose client went away, and gives requests
+    /// from other hosts whose listener went away without answering back to
+    /// the queue.
+    fn sweep(&mut self, now: Instant) {
+        let abandoned: Vec<u64> = self
+            .cm
+            .outgoing
+            .iter()
+            .filter(|(id, o)| !matches!(self.state(o.token), Some(State::Forwarded { id: i, .. }) if i == *id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in abandoned {
+            debug!(id, "forwarded request abandoned by its client");
+            self.cm.outgoing.remove(&id);
+        }
+        let requeue: Vec<HeldKey> = self
+            .cm
+            .held
+            .iter()
+            .filter(|(k, h)| match h.state {
+                HeldState::Delivered(t) => !matches!(self.state(t), Some(State::Answering(a)) if a == *k),
+                _ => false,
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in requeue {
+            if let Some(h) = self.cm.held.get_mut(&key) {
+                info!(src = %key.0, id = key.1, "listener left without answering; requeued");
+                h.state = HeldState::Queued;
+            }
+            self.match_held(key, now);
+        }
     }
 }

@@ -2,15 +2,30 @@
 //!
 //! Every call opens its own connection to the agent, so calls are thread-safe
 //! and share no state.
+//!
+//! # Connections across hosts
+//!
+//! A request whose remote host is not this host ([`is_local_host`]) is
+//! carried to that host's agent by the connection managers.  Its `info` must
+//! then be the requester's network endpoint encoded with [`encode_endpoint`]
+//! (the agent refuses anything else with [`AgentError::Protocol`]); the
+//! answer's `remote_info` is the other side's endpoint in the same encoding,
+//! and no descriptors come with it (`Matched::fds` is `None`).  A listener
+//! gets such a request as an [`Incoming`] whose transport is
+//! [`Transport::Remote`], and answers it with [`Responder::accept`] (its own
+//! encoded endpoint) or [`Responder::reject`].  Same-host requests keep
+//! handing `info` over untouched.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use via_wire::cm::{CmEndpoint, CmMessage};
+
 pub use crate::device::{local_host_addrs, DeviceInfo};
 pub use crate::proto::Side;
 use crate::proto::{ConnectReq, ErrorKind, ListenReq, Reply, Request as ProtoRequest, FOREVER};
-use crate::{launch, sock};
+use crate::{cm, launch, sock};
 
 /// Abstract socket name of the agent unless `VIA_AGENT_SOCKET` says otherwise.
 pub const DEFAULT_SOCKET: &str = "openvia-viad";
@@ -20,6 +35,8 @@ pub const SOCKET_ENV: &str = "VIA_AGENT_SOCKET";
 const REPLY_GRACE: Duration = Duration::from_secs(5);
 /// How long the client retries connecting after starting the agent.
 const START_WAIT: Duration = Duration::from_secs(3);
+/// Id carried by the CM `Accept` message that frames an encoded endpoint.
+const ENDPOINT_FRAME_ID: u64 = 0;
 
 /// Why a call to the agent failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,12 +47,16 @@ pub enum AgentError {
     /// The device name does not name a VI device of this host.
     #[error("unknown VI device: {0}")]
     UnknownDevice(String),
-    /// Nothing matched before the request's timeout.
+    /// Nothing matched before the request's timeout (for a listener's
+    /// answer: the requester no longer waits).
     #[error("no matching connection request")]
     NoMatch,
-    /// The host address is not this host.
+    /// The host address cannot be reached: no agent there answered.
     #[error("host address not reachable")]
     Unreachable,
+    /// The remote listener rejected the connect request.
+    #[error("connection request rejected")]
+    Rejected,
     /// The wait timed out.
     #[error("timed out")]
     Timeout,
@@ -79,21 +100,70 @@ pub struct Incoming {
     pub remote_host: Vec<u8>,
     /// Discriminator of the requester.
     pub remote_disc: Vec<u8>,
-    /// The requester's info blob.
+    /// The requester's info blob (for a requester on another host: its
+    /// endpoint, see [`decode_endpoint`]).
     pub remote_info: Vec<u8>,
-    /// The connection's resources.
-    pub fds: ConnFds,
+    /// How the connection is made.
+    pub transport: Transport,
+}
+
+/// How a listener's connection is made.
+#[derive(Debug)]
+pub enum Transport {
+    /// The requester is on this host: the connection's resources.  The
+    /// acceptance travels on the socket pair.
+    Local(ConnFds),
+    /// The requester is on another host: answer through the agent.
+    Remote(Responder),
+}
+
+/// Answers a request from another host.  Holds the agent connection that
+/// delivered it; dropping it unanswered gives the request back to the agent,
+/// which hands it to the next listener.
+#[derive(Debug)]
+pub struct Responder {
+    conn: OwnedFd,
+}
+
+impl Responder {
+    /// Accepts with this process's endpoint (see [`encode_endpoint`]).
+    /// Returns once the requester's agent has acknowledged: the requester
+    /// has its `Matched`.  `Err(NoMatch)` when the requester no longer waits,
+    /// `Err(Unreachable)` when its agent never acknowledged (5 s),
+    /// `Err(Protocol)` when `info` is not an endpoint.
+    pub fn accept(self, info: &[u8]) -> Result<(), AgentError> {
+        self.answer(ProtoRequest::Accept { info: info.to_vec() })
+    }
+
+    /// Rejects the request; the requester gets [`AgentError::Rejected`].
+    /// Returns once the agent has taken the answer (it delivers it on its
+    /// own).  `Err(NoMatch)` when the requester no longer waits.
+    pub fn reject(self) -> Result<(), AgentError> {
+        self.answer(ProtoRequest::Reject)
+    }
+
+    fn answer(self, req: ProtoRequest) -> Result<(), AgentError> {
+        let wait = cm::ANSWER_GIVE_UP + REPLY_GRACE;
+        match exchange(&self.conn, &req, &[], Some(wait))?.0 {
+            Reply::Done => Ok(()),
+            Reply::NoMatch => Err(AgentError::NoMatch),
+            Reply::Unreachable => Err(AgentError::Unreachable),
+            other => Err(unexpected(&other)),
+        }
+    }
 }
 
 /// A matched connect or peer request.
 #[derive(Debug)]
 pub struct Matched {
-    /// Which side this process is.
+    /// Which side this process is.  Across hosts, the connect requester is
+    /// side A; of two peers, the one on the host with the larger address.
     pub side: Side,
-    /// The other side's info blob.
+    /// The other side's info blob (across hosts: its endpoint, see
+    /// [`decode_endpoint`]).
     pub remote_info: Vec<u8>,
-    /// The connection's resources.
-    pub fds: ConnFds,
+    /// The connection's resources; `None` when the peer is on another host.
+    pub fds: Option<ConnFds>,
 }
 
 /// A connect or peer request.
@@ -115,16 +185,41 @@ pub struct Request<'a> {
     pub segment_bytes: u64,
 }
 
+/// Encodes a network endpoint as the `info` of a request for another host
+/// (and of a listener's [`Responder::accept`]).
+///
+/// The encoding is the CM message `Accept { id: 0, endpoint }` of
+/// [`via_wire::cm`], framing and checksum included, so that the agent puts
+/// exactly what the CM protocol carries on the wire.
+pub fn encode_endpoint(endpoint: &CmEndpoint) -> Vec<u8> {
+    let msg = CmMessage::Accept { id: ENDPOINT_FRAME_ID, endpoint: endpoint.clone() };
+    // An Accept has no field with a limit: encoding cannot fail.
+    msg.try_encode().unwrap_or_default()
+}
+
+/// Decodes what [`encode_endpoint`] made; `None` for anything else.
+pub fn decode_endpoint(info: &[u8]) -> Option<CmEndpoint> {
+    match CmMessage::decode(info) {
+        Ok(CmMessage::Accept { id: ENDPOINT_FRAME_ID, endpoint }) => Some(endpoint),
+        _ => None,
+    }
+}
+
+/// Whether VIA host address `host` is this host: 127.0.0.0/8, `::1`, or an
+/// address (IPv4 or IPv6) of one of its interfaces.  Requests for any other
+/// host go to that host's agent.
+pub fn is_local_host(host: &[u8]) -> bool {
+    crate::device::is_local(host)
+}
+
 /// The socket name from `VIA_AGENT_SOCKET`, or [`DEFAULT_SOCKET`].
 pub fn socket_name() -> String {
-    std::env::var(SOCKET_ENV)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| DEFAULT_SOCKET.to_string())
+    std::env::var(SOCKET_ENV).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_SOCKET.to_string())
 }
 
 /// Waits for one connection request for `disc` on `host`. None timeout = for ever.
-/// Err(Timeout) when it passes.
+/// Err(Timeout) when it passes.  The request may come from another host
+/// ([`Transport::Remote`]).
 pub fn listen(
     host: &[u8],
     disc: &[u8],
@@ -135,7 +230,10 @@ pub fn listen(
     Agent::from_env().listen(host, disc, info, inbox, timeout)
 }
 
-/// Asks for a listener; on success this process is side A.
+/// Asks for a listener; on success this process is side A.  For a listener
+/// on another host: `Err(Rejected)` if it rejects, `Err(NoMatch)` if that
+/// host's agent received the request but no listener answered in time,
+/// `Err(Unreachable)` if no agent there ever answered.
 pub fn connect(req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
     Agent::from_env().connect(req, timeout)
 }
@@ -165,18 +263,12 @@ pub struct Agent {
 impl Agent {
     /// The agent named by `VIA_AGENT_SOCKET`, started on demand.
     pub fn from_env() -> Agent {
-        Agent {
-            socket: socket_name(),
-            autostart: true,
-        }
+        Agent { socket: socket_name(), autostart: true }
     }
 
     /// The agent on abstract socket `name`, not started on demand.
     pub fn with_socket(name: &str) -> Agent {
-        Agent {
-            socket: name.to_string(),
-            autostart: false,
-        }
+        Agent { socket: name.to_string(), autostart: false }
     }
 
     /// Sets whether a missing agent is started on demand.
@@ -192,24 +284,12 @@ impl Agent {
 
     /// Opens a session for `device`; see [`Session::open`].
     pub fn open_session(&self, device: &str) -> Result<(Session, DeviceInfo), AgentError> {
-        let hello = ProtoRequest::Hello {
-            device: device.to_string(),
-        };
+        let hello = ProtoRequest::Hello { device: device.to_string() };
         let (conn, reply, _) = self.call(&hello, &[], Some(REPLY_GRACE), self.autostart)?;
         match reply {
-            Reply::Device {
-                name,
-                interface,
-                host_addr,
-                mtu,
-            } => Ok((
+            Reply::Device { name, interface, host_addr, host_addr6, mtu } => Ok((
                 Session { _conn: conn },
-                DeviceInfo {
-                    name,
-                    interface,
-                    host_addr,
-                    mtu,
-                },
+                DeviceInfo { name, interface, host_addr, host_addr6: Some(host_addr6).filter(|a| !a.is_empty()), mtu },
             )),
             other => Err(unexpected(&other)),
         }
@@ -232,17 +312,17 @@ impl Agent {
             pid: std::process::id(),
         });
         let wait = timeout.and_then(|t| t.checked_add(REPLY_GRACE));
-        let (_, reply, fds) = self.call(&req, &[inbox], wait, self.autostart)?;
+        let (conn, reply, fds) = self.call(&req, &[inbox], wait, self.autostart)?;
         match reply {
-            Reply::Incoming {
+            Reply::Incoming { remote_host, remote_disc, remote_info, remote } => Ok(Incoming {
                 remote_host,
                 remote_disc,
                 remote_info,
-            } => Ok(Incoming {
-                remote_host,
-                remote_disc,
-                remote_info,
-                fds: conn_fds(fds)?,
+                transport: match remote {
+                    true if fds.is_empty() => Transport::Remote(Responder { conn }),
+                    true => return Err(AgentError::Protocol("unexpected descriptors".into())),
+                    false => Transport::Local(conn_fds(fds)?),
+                },
             }),
             // The agent ends an unanswered listen at its timeout.
             Reply::NoMatch => Err(AgentError::Timeout),
@@ -252,11 +332,7 @@ impl Agent {
 
     /// Asks for a listener; see [`connect`].
     pub fn connect(&self, req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
-        self.rendezvous(
-            ProtoRequest::Connect(connect_req(req, timeout)),
-            req.inbox,
-            timeout,
-        )
+        self.rendezvous(ProtoRequest::Connect(connect_req(req, timeout)), req.inbox, timeout)
     }
 
     /// Asks for the mirror-image peer request; see [`peer_connect`].
@@ -267,10 +343,7 @@ impl Agent {
 
     /// The agent's counters, by name.
     pub fn stats(&self) -> Result<Vec<(String, u64)>, AgentError> {
-        match self
-            .call(&ProtoRequest::Stats, &[], Some(REPLY_GRACE), false)?
-            .1
-        {
+        match self.call(&ProtoRequest::Stats, &[], Some(REPLY_GRACE), false)?.1 {
             Reply::Stats(counters) => Ok(counters),
             other => Err(unexpected(&other)),
         }
@@ -278,41 +351,33 @@ impl Agent {
 
     /// Asks the agent to exit.
     pub fn stop(&self) -> Result<(), AgentError> {
-        match self
-            .call(&ProtoRequest::Stop, &[], Some(REPLY_GRACE), false)?
-            .1
-        {
+        match self.call(&ProtoRequest::Stop, &[], Some(REPLY_GRACE), false)?.1 {
             Reply::Done => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
 
-    fn rendezvous(
-        &self,
-        req: ProtoRequest,
-        inbox: BorrowedFd,
-        timeout: Duration,
-    ) -> Result<Matched, AgentError> {
+    fn rendezvous(&self, req: ProtoRequest, inbox: BorrowedFd, timeout: Duration) -> Result<Matched, AgentError> {
         let wait = timeout.checked_add(REPLY_GRACE);
         let (_, reply, fds) = self.call(&req, &[inbox], wait, self.autostart)?;
-        let (side, remote_info) = match reply {
-            Reply::Matched { remote_info } if matches!(req, ProtoRequest::Connect(_)) => {
-                (Side::A, remote_info)
+        let (side, remote_info, remote) = match reply {
+            Reply::Matched { remote_info, remote } if matches!(req, ProtoRequest::Connect(_)) => {
+                (Side::A, remote_info, remote)
             }
-            Reply::PeerMatched { side, remote_info }
-                if matches!(req, ProtoRequest::PeerConnect(_)) =>
-            {
-                (side, remote_info)
+            Reply::PeerMatched { side, remote_info, remote } if matches!(req, ProtoRequest::PeerConnect(_)) => {
+                (side, remote_info, remote)
             }
             Reply::NoMatch => return Err(AgentError::NoMatch),
             Reply::Unreachable => return Err(AgentError::Unreachable),
+            Reply::Rejected => return Err(AgentError::Rejected),
             other => return Err(unexpected(&other)),
         };
-        Ok(Matched {
-            side,
-            remote_info,
-            fds: conn_fds(fds)?,
-        })
+        let fds = match remote {
+            true if fds.is_empty() => None,
+            true => return Err(AgentError::Protocol("unexpected descriptors".into())),
+            false => Some(conn_fds(fds)?),
+        };
+        Ok(Matched { side, remote_info, fds })
     }
 
     /// Sends one request and waits up to `wait` for its reply.
@@ -323,27 +388,11 @@ impl Agent {
         wait: Option<Duration>,
         autostart: bool,
     ) -> Result<(OwnedFd, Reply, Vec<OwnedFd>), AgentError> {
-        let bytes = req
-            .encode()
-            .map_err(|e| AgentError::Protocol(e.to_string()))?;
+        // Refuse what cannot be encoded before starting an agent for it.
+        req.encode().map_err(|e| AgentError::Protocol(e.to_string()))?;
         let conn = self.open(autostart)?;
-        sock::send(conn.as_fd(), &bytes, fds)?;
-        if !sock::wait_readable(conn.as_fd(), wait)? {
-            return Err(AgentError::Timeout);
-        }
-        let msg = sock::recv(conn.as_fd())?
-            .ok_or_else(|| AgentError::Unavailable("the agent closed the connection".into()))?;
-        if msg.truncated {
-            return Err(AgentError::Protocol("truncated reply".into()));
-        }
-        match Reply::decode(&msg.data).map_err(|e| AgentError::Protocol(e.to_string()))? {
-            Reply::Error {
-                kind: ErrorKind::UnknownDevice,
-                message,
-            } => Err(AgentError::UnknownDevice(message)),
-            Reply::Error { message, .. } => Err(AgentError::Protocol(message)),
-            reply => Ok((conn, reply, msg.fds)),
-        }
+        let (reply, fds) = exchange(&conn, req, fds, wait)?;
+        Ok((conn, reply, fds))
     }
 
     /// Connects to the agent, starting it first if allowed and nobody answers.
@@ -367,12 +416,33 @@ impl Agent {
     }
 }
 
+/// Sends one request on `conn` and waits up to `wait` for its reply.
+fn exchange(
+    conn: &OwnedFd,
+    req: &ProtoRequest,
+    fds: &[BorrowedFd],
+    wait: Option<Duration>,
+) -> Result<(Reply, Vec<OwnedFd>), AgentError> {
+    let bytes = req.encode().map_err(|e| AgentError::Protocol(e.to_string()))?;
+    sock::send(conn.as_fd(), &bytes, fds)?;
+    if !sock::wait_readable(conn.as_fd(), wait)? {
+        return Err(AgentError::Timeout);
+    }
+    let msg =
+        sock::recv(conn.as_fd())?.ok_or_else(|| AgentError::Unavailable("the agent closed the connection".into()))?;
+    if msg.truncated {
+        return Err(AgentError::Protocol("truncated reply".into()));
+    }
+    match Reply::decode(&msg.data).map_err(|e| AgentError::Protocol(e.to_string()))? {
+        Reply::Error { kind: ErrorKind::UnknownDevice, message } => Err(AgentError::UnknownDevice(message)),
+        Reply::Error { message, .. } => Err(AgentError::Protocol(message)),
+        reply => Ok((reply, msg.fds)),
+    }
+}
+
 /// Whether a connect error means nobody listens on the name.
 fn absent(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ECONNREFUSED) | Some(libc::ENOENT)
-    )
+    matches!(e.raw_os_error(), Some(libc::ECONNREFUSED) | Some(libc::ENOENT))
 }
 
 fn millis(d: Duration) -> u64 {
@@ -396,13 +466,60 @@ fn conn_fds(fds: Vec<OwnedFd>) -> Result<ConnFds, AgentError> {
     let Ok([segment, socket, peer_inbox]) = <[OwnedFd; 3]>::try_from(fds) else {
         return Err(AgentError::Protocol("expected 3 descriptors".into()));
     };
-    Ok(ConnFds {
-        segment,
-        socket,
-        peer_inbox,
-    })
+    Ok(ConnFds { segment, socket, peer_inbox })
 }
 
 fn unexpected(reply: &Reply) -> AgentError {
     AgentError::Protocol(format!("unexpected reply {reply:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(addr: &str) -> CmEndpoint {
+        CmEndpoint {
+            addr: addr.parse().unwrap(),
+            vi: 3,
+            key: 0xfeed_f00d_dead_beef,
+            reliability: 4,
+            max_transfer: 65536,
+            rdma_write: true,
+            rdma_read: false,
+            segment: 1400,
+        }
+    }
+
+    #[test]
+    fn endpoints_round_trip() {
+        for addr in ["10.77.1.1:40000", "[fd77::1]:1"] {
+            let e = endpoint(addr);
+            let info = encode_endpoint(&e);
+            assert_eq!(decode_endpoint(&info), Some(e));
+            // Every truncation and any trailing byte is refused.
+            for n in 0..info.len() {
+                assert_eq!(decode_endpoint(&info[..n]), None);
+            }
+            let mut longer = info.clone();
+            longer.push(0);
+            assert_eq!(decode_endpoint(&longer), None);
+        }
+        // Other CM messages, and an Accept with another id, are not endpoints.
+        let e = endpoint("10.0.0.1:1");
+        let other = CmMessage::Accept { id: 1, endpoint: e }.encode();
+        assert_eq!(decode_endpoint(&other), None);
+        assert_eq!(decode_endpoint(&CmMessage::Ack { id: 0 }.encode()), None);
+        assert_eq!(decode_endpoint(b"same-host info"), None);
+    }
+
+    #[test]
+    fn local_hosts() {
+        assert!(is_local_host(&[127, 0, 0, 1]));
+        assert!(is_local_host(&[127, 1, 2, 3]));
+        let mut v6 = [0u8; 16];
+        v6[15] = 1;
+        assert!(is_local_host(&v6));
+        assert!(!is_local_host(&[10, 255, 255, 254]) || local_host_addrs().contains(&vec![10, 255, 255, 254]));
+        assert!(!is_local_host(&[1, 2, 3]));
+    }
 }

@@ -15,18 +15,12 @@ pub const IDLE_ENV: &str = "VIA_VIAD_IDLE";
 /// exited, i.e. until the agent is bound or another one won the name.
 pub fn start(socket: &str) -> Result<(), AgentError> {
     let mut cmd = Command::new(binary());
-    cmd.args(["--daemon", "--socket", socket])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    if let Some(idle) = std::env::var(IDLE_ENV)
-        .ok()
-        .filter(|v| v.parse::<u64>().is_ok())
-    {
+    cmd.args(["--daemon", "--socket", socket]).stdin(Stdio::null()).stdout(Stdio::null());
+    if let Some(idle) = std::env::var(IDLE_ENV).ok().filter(|v| v.parse::<u64>().is_ok()) {
         cmd.args(["--idle-timeout", &idle]);
     }
-    let mut child = cmd.spawn().map_err(|e| {
-        AgentError::Unavailable(format!("cannot start {:?}: {e}", cmd.get_program()))
-    })?;
+    let mut child =
+        cmd.spawn().map_err(|e| AgentError::Unavailable(format!("cannot start {:?}: {e}", cmd.get_program())))?;
     // A caller that reaps children itself may take the status first: the
     // connect retries decide whether the start worked.
     let _ = child.wait();
@@ -49,10 +43,7 @@ fn binary() -> PathBuf {
     if let Some(bindir) = option_env!("OPENVIA_BINDIR") {
         candidates.push(Path::new(bindir).join("viad"));
     }
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| "viad".into())
+    candidates.into_iter().find(|p| p.is_file()).unwrap_or_else(|| "viad".into())
 }
 
 /// Path of the shared object or executable that contains this code.
@@ -65,11 +56,7 @@ fn own_path() -> Option<PathBuf> {
         if libc::dladdr(addr, &mut info) == 0 || info.dli_fname.is_null() {
             None
         } else {
-            Some(
-                CStr::from_ptr(info.dli_fname)
-                    .to_string_lossy()
-                    .into_owned(),
-            )
+            Some(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
         }
     };
     // The main executable may be reported by a relative name or none.

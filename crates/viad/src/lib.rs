@@ -2,14 +2,20 @@
 //!
 //! One `viad` runs per host (per network namespace) on an abstract Unix
 //! socket.  It resolves device names, counts sessions, and pairs connection
-//! requests by discriminator, handing both sides the same connection segment,
-//! socket pair and each other's CQ inbox.  Only the control path uses it.
+//! requests by discriminator, handing both sides of a same-host connection
+//! the same connection segment, socket pair and each other's CQ inbox.  It is
+//! also the host's connection manager: on UDP port [`via_wire::cm::CM_PORT`]
+//! it exchanges the CM messages of [`via_wire::cm`] with the agents of other
+//! hosts, so that processes on different hosts connect by discriminator too
+//! (see [`agent`] and [`cm`]).  Only the control path uses it.
 
 #![warn(missing_docs)]
 
 pub mod agent;
 pub mod client;
+pub mod cm;
 pub mod device;
 mod launch;
 pub mod proto;
 pub mod sock;
+mod udp;

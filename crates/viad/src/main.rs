@@ -10,13 +10,15 @@ use viad::agent::{self, Config};
 use viad::client::{self, Agent};
 
 const USAGE: &str = "\
-usage: viad [--daemon] [--idle-timeout SECONDS] [--socket NAME]
+usage: viad [--daemon] [--idle-timeout SECONDS] [--socket NAME] [--cm-port PORT]
        viad --stats [--socket NAME]
        viad --stop [--socket NAME]
 
   --daemon              run in the background; return once the agent listens
   --idle-timeout N      exit after N seconds without clients (default 10, 0 = never)
   --socket NAME         abstract socket name (default $VIA_AGENT_SOCKET or openvia-viad)
+  --cm-port PORT        UDP port of the connection managers of all hosts
+                        (default $VIA_CM_PORT or 5197; 0 = this host only)
   --stats               print the running agent's counters
   --stop                ask the running agent to exit
   -h, --help            show this text
@@ -31,7 +33,11 @@ struct Args {
     help: bool,
     idle: Option<u64>,
     socket: Option<String>,
+    cm_port: Option<u16>,
 }
+
+/// Environment variable with the CM port (overridden by `--cm-port`).
+const CM_PORT_ENV: &str = "VIA_CM_PORT";
 
 fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args::default();
@@ -46,6 +52,10 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--idle-timeout" => {
                 let v = value("a number of seconds")?;
                 args.idle = Some(v.parse().map_err(|_| format!("bad --idle-timeout {v:?}"))?);
+            }
+            "--cm-port" => {
+                let v = value("a port number")?;
+                args.cm_port = Some(v.parse().map_err(|_| format!("bad --cm-port {v:?}"))?);
             }
             _ => return Err(format!("unknown argument {arg:?}")),
         }
@@ -99,11 +109,21 @@ fn main() -> ExitCode {
             }
         };
     }
-    let config = Config {
-        idle_timeout: Some(args.idle.unwrap_or(10))
-            .filter(|&s| s > 0)
-            .map(Duration::from_secs),
+    let cm_port = match args.cm_port {
+        Some(port) => port,
+        None => match std::env::var(CM_PORT_ENV) {
+            Ok(v) if !v.is_empty() => match v.parse() {
+                Ok(port) => port,
+                Err(_) => {
+                    eprintln!("viad: bad {CM_PORT_ENV} {v:?}\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
+            _ => via_wire::cm::CM_PORT,
+        },
     };
+    let config =
+        Config { idle_timeout: Some(args.idle.unwrap_or(10)).filter(|&s| s > 0).map(Duration::from_secs), cm_port };
     match args.daemon {
         true => daemon(&socket, &config),
         false => match agent::bind(&socket) {
@@ -206,11 +226,17 @@ mod tests {
         let a = args("--daemon --idle-timeout 0 --socket x --idle-timeout 5").unwrap();
         assert!(a.daemon && !a.stats);
         assert_eq!((a.idle, a.socket.as_deref()), (Some(5), Some("x")));
+        assert_eq!(a.cm_port, None);
+        assert_eq!(args("--cm-port 6000").unwrap().cm_port, Some(6000));
+        assert_eq!(args("--cm-port 0").unwrap().cm_port, Some(0));
         assert!(args("--stats").unwrap().stats);
         for bad in [
             "--idle-timeout",
             "--idle-timeout x",
             "--socket",
+            "--cm-port",
+            "--cm-port 65536",
+            "--cm-port -1",
             "--bogus",
             "--stats --stop",
         ] {

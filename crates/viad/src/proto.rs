@@ -7,7 +7,10 @@
 use thiserror::Error;
 
 /// Protocol version carried in the first byte of every message.
-pub const VERSION: u8 = 1;
+///
+/// Version 2 added cross-host connections: the `remote` flags, `Rejected`,
+/// the listener's `Accept`/`Reject` answers and the device's IPv6 address.
+pub const VERSION: u8 = 2;
 /// Largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 4096;
 /// Largest discriminator (VIA `MaxDiscriminatorLen`).
@@ -84,6 +87,18 @@ pub enum Request {
     Stats,
     /// Asks the agent to exit.
     Stop,
+    /// A listener's answer to a remote `Incoming`: accept with this
+    /// endpoint (see [`crate::client::encode_endpoint`]).  Sent on the
+    /// connection that carried the `Incoming`; the agent replies `Done` once
+    /// the requester's agent has acknowledged, `NoMatch` when the requester
+    /// no longer waits, `Unreachable` when it never answered.
+    Accept {
+        /// The listener's endpoint, encoded.
+        info: Vec<u8>,
+    },
+    /// A listener's answer to a remote `Incoming`: reject.  The agent
+    /// replies `Done`.
+    Reject,
 }
 
 /// Which end of a connection a process got.
@@ -116,6 +131,8 @@ pub enum Reply {
         interface: String,
         /// Host address of the device.
         host_addr: Vec<u8>,
+        /// The interface's global IPv6 address (16 bytes), empty if none.
+        host_addr6: Vec<u8>,
         /// Interface MTU.
         mtu: u32,
     },
@@ -127,11 +144,16 @@ pub enum Reply {
         remote_disc: Vec<u8>,
         /// The requester's info blob.
         remote_info: Vec<u8>,
+        /// The requester is on another host: no fds come with the reply,
+        /// and the listener answers with `Accept` or `Reject`.
+        remote: bool,
     },
     /// A connect request matched a listener (sent to the requester).
     Matched {
         /// The listener's info blob.
         remote_info: Vec<u8>,
+        /// The listener is on another host: no fds come with the reply.
+        remote: bool,
     },
     /// A peer request matched its mirror image.
     PeerMatched {
@@ -139,7 +161,11 @@ pub enum Reply {
         side: Side,
         /// The other peer's info blob.
         remote_info: Vec<u8>,
+        /// The other peer is on another host: no fds come with the reply.
+        remote: bool,
     },
+    /// The remote listener rejected the connect request.
+    Rejected,
     /// Nothing matched before the timeout.
     NoMatch,
     /// The host address asked for is not this host.
@@ -164,10 +190,7 @@ struct Writer {
 
 impl Writer {
     fn new(tag: u8) -> Self {
-        Writer {
-            buf: vec![VERSION, tag],
-            err: None,
-        }
+        Writer { buf: vec![VERSION, tag], err: None }
     }
     fn u8(&mut self, v: u8) {
         self.buf.push(v);
@@ -223,15 +246,18 @@ impl<'a> Reader<'a> {
     fn u8(&mut self) -> Result<u8, ProtoError> {
         Ok(self.take(1)?[0])
     }
+    fn flag(&mut self) -> Result<bool, ProtoError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(ProtoError("bad flag")),
+        }
+    }
     fn u32(&mut self) -> Result<u32, ProtoError> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().unwrap_or_default(),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default()))
     }
     fn u64(&mut self) -> Result<u64, ProtoError> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().unwrap_or_default(),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap_or_default()))
     }
     fn bytes(&mut self, max: usize, what: &'static str) -> Result<Vec<u8>, ProtoError> {
         let len = u16::from_le_bytes([self.u8()?, self.u8()?]) as usize;
@@ -241,8 +267,7 @@ impl<'a> Reader<'a> {
         Ok(self.take(len)?.to_vec())
     }
     fn text(&mut self) -> Result<String, ProtoError> {
-        String::from_utf8(self.bytes(MAX_TEXT, "text too long")?)
-            .map_err(|_| ProtoError("text is not UTF-8"))
+        String::from_utf8(self.bytes(MAX_TEXT, "text too long")?).map_err(|_| ProtoError("text is not UTF-8"))
     }
     fn end(self) -> Result<(), ProtoError> {
         match self.buf.is_empty() {
@@ -310,6 +335,11 @@ impl Request {
             }
             Request::Stats => w = Writer::new(5),
             Request::Stop => w = Writer::new(6),
+            Request::Accept { info } => {
+                w = Writer::new(7);
+                w.bytes(info, MAX_INFO, "info too long");
+            }
+            Request::Reject => w = Writer::new(8),
         }
         w.finish()
     }
@@ -330,6 +360,8 @@ impl Request {
             4 => Request::PeerConnect(get_connect(&mut r)?),
             5 => Request::Stats,
             6 => Request::Stop,
+            7 => Request::Accept { info: r.bytes(MAX_INFO, "info too long")? },
+            8 => Request::Reject,
             _ => return Err(ProtoError("unknown request")),
         };
         r.end()?;
@@ -342,37 +374,33 @@ impl Reply {
     pub fn encode(&self) -> Result<Vec<u8>, ProtoError> {
         let mut w;
         match self {
-            Reply::Device {
-                name,
-                interface,
-                host_addr,
-                mtu,
-            } => {
+            Reply::Device { name, interface, host_addr, host_addr6, mtu } => {
                 w = Writer::new(0x81);
                 w.bytes(name.as_bytes(), MAX_TEXT, "device name too long");
                 w.bytes(interface.as_bytes(), MAX_TEXT, "interface name too long");
                 w.bytes(host_addr, MAX_HOST, "host address too long");
+                w.bytes(host_addr6, MAX_HOST, "host address too long");
                 w.u32(*mtu);
             }
-            Reply::Incoming {
-                remote_host,
-                remote_disc,
-                remote_info,
-            } => {
+            Reply::Incoming { remote_host, remote_disc, remote_info, remote } => {
                 w = Writer::new(0x82);
                 w.bytes(remote_host, MAX_HOST, "host address too long");
                 w.bytes(remote_disc, MAX_DISC, "discriminator too long");
                 w.bytes(remote_info, MAX_INFO, "info too long");
+                w.u8(*remote as u8);
             }
-            Reply::Matched { remote_info } => {
+            Reply::Matched { remote_info, remote } => {
                 w = Writer::new(0x83);
                 w.bytes(remote_info, MAX_INFO, "info too long");
+                w.u8(*remote as u8);
             }
-            Reply::PeerMatched { side, remote_info } => {
+            Reply::PeerMatched { side, remote_info, remote } => {
                 w = Writer::new(0x84);
                 w.u8(matches!(side, Side::B) as u8);
                 w.bytes(remote_info, MAX_INFO, "info too long");
+                w.u8(*remote as u8);
             }
+            Reply::Rejected => w = Writer::new(0x8a),
             Reply::NoMatch => w = Writer::new(0x85),
             Reply::Unreachable => w = Writer::new(0x86),
             Reply::Stats(counters) => {
@@ -412,16 +440,16 @@ impl Reply {
                 name: r.text()?,
                 interface: r.text()?,
                 host_addr: r.bytes(MAX_HOST, "host address too long")?,
+                host_addr6: r.bytes(MAX_HOST, "host address too long")?,
                 mtu: r.u32()?,
             },
             0x82 => Reply::Incoming {
                 remote_host: r.bytes(MAX_HOST, "host address too long")?,
                 remote_disc: r.bytes(MAX_DISC, "discriminator too long")?,
                 remote_info: r.bytes(MAX_INFO, "info too long")?,
+                remote: r.flag()?,
             },
-            0x83 => Reply::Matched {
-                remote_info: r.bytes(MAX_INFO, "info too long")?,
-            },
+            0x83 => Reply::Matched { remote_info: r.bytes(MAX_INFO, "info too long")?, remote: r.flag()? },
             0x84 => Reply::PeerMatched {
                 side: match r.u8()? {
                     0 => Side::A,
@@ -429,7 +457,9 @@ impl Reply {
                     _ => return Err(ProtoError("bad side")),
                 },
                 remote_info: r.bytes(MAX_INFO, "info too long")?,
+                remote: r.flag()?,
             },
+            0x8a => Reply::Rejected,
             0x85 => Reply::NoMatch,
             0x86 => Reply::Unreachable,
             0x87 => {
@@ -478,9 +508,7 @@ mod tests {
 
     fn requests() -> Vec<Request> {
         vec![
-            Request::Hello {
-                device: "/dev/via_lo".into(),
-            },
+            Request::Hello { device: "/dev/via_lo".into() },
             Request::Listen(ListenReq {
                 host: vec![127, 0, 0, 1],
                 disc: b"svc".to_vec(),
@@ -492,6 +520,9 @@ mod tests {
             Request::PeerConnect(connect_req()),
             Request::Stats,
             Request::Stop,
+            Request::Accept { info: vec![3; MAX_INFO] },
+            Request::Accept { info: vec![] },
+            Request::Reject,
         ]
     }
 
@@ -501,28 +532,37 @@ mod tests {
                 name: "via_lo".into(),
                 interface: "lo".into(),
                 host_addr: vec![127, 0, 0, 1],
+                host_addr6: vec![],
                 mtu: 65536,
+            },
+            Reply::Device {
+                name: "via_eth0".into(),
+                interface: "eth0".into(),
+                host_addr: vec![10, 0, 0, 1],
+                host_addr6: vec![0xfd; 16],
+                mtu: 1500,
             },
             Reply::Incoming {
                 remote_host: vec![1, 2, 3, 4],
                 remote_disc: b"d".to_vec(),
                 remote_info: vec![9; 100],
+                remote: false,
             },
-            Reply::Matched {
-                remote_info: vec![],
+            Reply::Incoming {
+                remote_host: vec![0xfd; 16],
+                remote_disc: vec![],
+                remote_info: vec![9; 60],
+                remote: true,
             },
-            Reply::PeerMatched {
-                side: Side::B,
-                remote_info: b"x".to_vec(),
-            },
+            Reply::Matched { remote_info: vec![], remote: false },
+            Reply::Matched { remote_info: vec![1], remote: true },
+            Reply::PeerMatched { side: Side::B, remote_info: b"x".to_vec(), remote: true },
+            Reply::Rejected,
             Reply::NoMatch,
             Reply::Unreachable,
             Reply::Stats(vec![("sessions".into(), 3), ("uptime_seconds".into(), 9)]),
             Reply::Done,
-            Reply::Error {
-                kind: ErrorKind::UnknownDevice,
-                message: "no such device".into(),
-            },
+            Reply::Error { kind: ErrorKind::UnknownDevice, message: "no such device".into() },
         ]
     }
 
@@ -560,7 +600,12 @@ mod tests {
         assert!(Request::decode(&[VERSION + 1, 5]).is_err());
         assert!(Request::decode(&[VERSION, 0x77]).is_err());
         assert!(Reply::decode(&[VERSION, 5]).is_err());
-        assert!(Reply::decode(&[VERSION, 0x84, 2, 0, 0]).is_err());
+        assert!(Reply::decode(&[VERSION, 0x84, 2, 0, 0, 0]).is_err());
+        // A remote flag other than 0 or 1.
+        assert_eq!(Reply::decode(&[VERSION, 0x83, 0, 0, 2]), Err(ProtoError("bad flag")));
+        assert_eq!(Reply::decode(&[VERSION, 0x83, 0, 0, 1]), Ok(Reply::Matched { remote_info: vec![], remote: true }));
+        // An answer carries no more than its info.
+        assert!(Request::decode(&[VERSION, 8, 0]).is_err());
     }
 
     #[test]
@@ -578,10 +623,7 @@ mod tests {
         // Hand-made: a discriminator length of 65 on the wire.
         let mut buf = vec![VERSION, 2, 4, 0, 127, 0, 0, 1, MAX_DISC as u8 + 1, 0];
         buf.extend_from_slice(&[0; MAX_DISC + 1]);
-        assert_eq!(
-            Request::decode(&buf),
-            Err(ProtoError("discriminator too long"))
-        );
+        assert_eq!(Request::decode(&buf), Err(ProtoError("discriminator too long")));
         // A segment over the limit on the wire.
         let mut buf = Request::Connect(connect_req()).encode().unwrap();
         let at = buf.len() - 12;
@@ -611,13 +653,7 @@ mod tests {
             let _ = Request::decode(&buf);
             let _ = Reply::decode(&buf);
         }
-        let err = Reply::Error {
-            kind: ErrorKind::Invalid,
-            message: "é".repeat(MAX_TEXT),
-        };
-        assert!(matches!(
-            Reply::decode(&err.encode().unwrap()),
-            Ok(Reply::Error { .. })
-        ));
+        let err = Reply::Error { kind: ErrorKind::Invalid, message: "é".repeat(MAX_TEXT) };
+        assert!(matches!(Reply::decode(&err.encode().unwrap()), Ok(Reply::Error { .. })));
     }
 }

@@ -34,10 +34,7 @@ fn address(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let name = name.as_bytes();
     if name.is_empty() || name.len() >= sa.sun_path.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "bad agent socket name",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad agent socket name"));
     }
     // The leading NUL byte (already zero) puts the name in the abstract namespace.
     for (d, s) in sa.sun_path[1..].iter_mut().zip(name) {
@@ -59,13 +56,7 @@ pub fn listen(name: &str) -> io::Result<OwnedFd> {
     let (sa, len) = address(name)?;
     let fd = socket(libc::SOCK_NONBLOCK)?;
     // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
-    cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&sa as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    })?;
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) })?;
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
     Ok(fd)
 }
@@ -76,13 +67,7 @@ pub fn connect(name: &str) -> io::Result<OwnedFd> {
     let fd = socket(0)?;
     loop {
         // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
-        let r = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
+        let r = unsafe { libc::connect(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) };
         match cvt(r) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
@@ -95,14 +80,7 @@ pub fn connect(name: &str) -> io::Result<OwnedFd> {
 pub fn accept(listener: BorrowedFd) -> io::Result<OwnedFd> {
     let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
     // SAFETY: plain syscall; the returned fd is owned from here on.
-    let fd = cvt(unsafe {
-        libc::accept4(
-            listener.as_raw_fd(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            flags,
-        )
-    })?;
+    let fd = cvt(unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), flags) })?;
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -124,10 +102,7 @@ pub fn send(fd: BorrowedFd, data: &[u8], fds: &[BorrowedFd]) -> io::Result<()> {
     if fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
     }
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
     let mut control = Control([0; 64]);
     // SAFETY: msghdr is plain data; the pointers set below outlive the call,
     // and the cmsg header and payload fit in `control` (checked by MAX_FDS).
@@ -164,10 +139,7 @@ pub fn send(fd: BorrowedFd, data: &[u8], fds: &[BorrowedFd]) -> io::Result<()> {
 /// Receives one message; `None` when the peer closed the connection.
 pub fn recv(fd: BorrowedFd) -> io::Result<Option<Received>> {
     let mut data = vec![0u8; MAX_MESSAGE];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
     let mut control = Control([0; 64]);
     let mut fds = Vec::new();
     // SAFETY: msghdr is plain data; the buffers outlive the call, and every
@@ -206,11 +178,7 @@ pub fn recv(fd: BorrowedFd) -> io::Result<Option<Received>> {
     }
     data.truncate(n);
     let truncated = flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
-    Ok(Some(Received {
-        data,
-        fds,
-        truncated,
-    }))
+    Ok(Some(Received { data, fds, truncated }))
 }
 
 /// Waits until `fd` is readable or hung up; `false` when `timeout` passed first.
@@ -225,11 +193,7 @@ pub fn wait_readable(fd: BorrowedFd, timeout: Option<Duration>) -> io::Result<bo
                 left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             }
         };
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         match cvt(unsafe { libc::poll(&mut p, 1, ms) }) {
             Ok(0) if ms == 0 => return Ok(false),

@@ -5,7 +5,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use viad::client::{Agent, AgentError, ConnFds, Request, Side};
+use via_wire::cm::CmEndpoint;
+use viad::client::{encode_endpoint, Agent, AgentError, ConnFds, Incoming, Request, Side, Transport};
 use viad::proto::{self, ListenReq};
 use viad::sock;
 
@@ -20,8 +21,10 @@ struct Viad {
 impl Viad {
     fn start(tag: &str, extra: &[&str]) -> Viad {
         let name = format!("openvia-test-{}-{tag}", std::process::id());
+        // No CM port unless a test asks: agents of parallel tests share
+        // this network namespace.
         let child = Command::new(VIAD)
-            .args(["--socket", &name, "--idle-timeout", "0"])
+            .args(["--socket", &name, "--idle-timeout", "0", "--cm-port", "0"])
             .args(extra)
             .spawn()
             .unwrap();
@@ -29,10 +32,7 @@ impl Viad {
         let mut viad = Viad { child, agent };
         let deadline = Instant::now() + Duration::from_secs(5);
         while viad.agent.stats().is_err() {
-            assert!(
-                viad.child.try_wait().unwrap().is_none(),
-                "viad exited early"
-            );
+            assert!(viad.child.try_wait().unwrap().is_none(), "viad exited early");
             assert!(Instant::now() < deadline, "viad did not come up");
             thread::sleep(Duration::from_millis(10));
         }
@@ -72,6 +72,14 @@ impl Drop for Viad {
     }
 }
 
+/// The descriptors of a same-host connection.
+fn local(inc: &Incoming) -> &ConnFds {
+    match &inc.transport {
+        Transport::Local(fds) => fds,
+        Transport::Remote(_) => panic!("a same-host request came as remote"),
+    }
+}
+
 /// A stand-in CQ inbox: any file will do, identified by its inode.
 fn inbox() -> OwnedFd {
     let fd = unsafe { libc::memfd_create(c"inbox".as_ptr(), libc::MFD_CLOEXEC) };
@@ -92,16 +100,7 @@ fn same_file(a: BorrowedFd, b: BorrowedFd) -> bool {
 
 fn map(fd: BorrowedFd, len: usize) -> *mut u8 {
     let prot = libc::PROT_READ | libc::PROT_WRITE;
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
     assert_ne!(p, libc::MAP_FAILED);
     p.cast()
 }
@@ -121,19 +120,11 @@ fn check_linked(a: &ConnFds, a_inbox: BorrowedFd, b: &ConnFds, b_inbox: Borrowed
     }
     for (from, to) in [(a, b), (b, a)] {
         sock::send(from.socket.as_fd(), b"ping", &[]).unwrap();
-        assert_eq!(
-            sock::recv(to.socket.as_fd()).unwrap().unwrap().data,
-            b"ping"
-        );
+        assert_eq!(sock::recv(to.socket.as_fd()).unwrap().unwrap().data, b"ping");
     }
 }
 
-fn request<'a>(
-    local: &'a [u8],
-    remote_host: &'a [u8],
-    remote: &'a [u8],
-    inbox: BorrowedFd<'a>,
-) -> Request<'a> {
+fn request<'a>(local: &'a [u8], remote_host: &'a [u8], remote: &'a [u8], inbox: BorrowedFd<'a>) -> Request<'a> {
     Request {
         local_host: &LO,
         local_disc: local,
@@ -149,20 +140,17 @@ fn request<'a>(
 fn devices_and_sessions() {
     let v = Viad::start("dev", &[]);
     let (session, dev) = v.agent.open_session("/dev/via_lo").unwrap();
-    assert_eq!(
-        (dev.name.as_str(), dev.interface.as_str()),
-        ("via_lo", "lo")
-    );
+    assert_eq!((dev.name.as_str(), dev.interface.as_str()), ("via_lo", "lo"));
     assert_eq!((dev.host_addr, dev.mtu > 0), (LO.to_vec(), true));
+    // Loopback's IPv6 address, when it has one.
+    let lo6 = std::net::Ipv6Addr::LOCALHOST.octets().to_vec();
+    assert!(dev.host_addr6.is_none() || dev.host_addr6 == Some(lo6));
     let (session2, dev2) = v.agent.open_session("via_lo").unwrap();
     assert_eq!(dev2.name, "via_lo");
     assert_eq!(v.stat("sessions"), 2);
     for bad in ["via_bogus0", "/dev/via_", "eth0"] {
         let err = v.agent.open_session(bad).unwrap_err();
-        assert!(
-            matches!(err, AgentError::UnknownDevice(_)),
-            "{bad}: {err:?}"
-        );
+        assert!(matches!(err, AgentError::UnknownDevice(_)), "{bad}: {err:?}");
     }
     drop((session, session2));
     v.await_stat("sessions", 0);
@@ -174,36 +162,18 @@ fn listen_then_connect_shares_resources() {
     let agent = v.agent.clone();
     let listener = thread::spawn(move || {
         let ib = inbox();
-        let inc = agent.listen(
-            &LO,
-            b"svc",
-            b"L-info",
-            ib.as_fd(),
-            Some(Duration::from_secs(10)),
-        );
+        let inc = agent.listen(&LO, b"svc", b"L-info", ib.as_fd(), Some(Duration::from_secs(10)));
         (inc.unwrap(), ib)
     });
     v.await_stat("listeners_waiting", 1);
     let ib = inbox();
     // Any loopback address reaches a listener on 127.0.0.1.
-    let m = v
-        .agent
-        .connect(
-            &request(b"cli", &[127, 1, 2, 3], b"svc", ib.as_fd()),
-            Duration::from_secs(5),
-        )
-        .unwrap();
+    let m = v.agent.connect(&request(b"cli", &[127, 1, 2, 3], b"svc", ib.as_fd()), Duration::from_secs(5)).unwrap();
     let (inc, lib) = listener.join().unwrap();
-    assert_eq!(
-        (m.side, m.remote_info.as_slice()),
-        (Side::A, &b"L-info"[..])
-    );
-    assert_eq!(
-        (inc.remote_host.as_slice(), inc.remote_disc.as_slice()),
-        (&LO[..], &b"cli"[..])
-    );
+    assert_eq!((m.side, m.remote_info.as_slice()), (Side::A, &b"L-info"[..]));
+    assert_eq!((inc.remote_host.as_slice(), inc.remote_disc.as_slice()), (&LO[..], &b"cli"[..]));
     assert_eq!(inc.remote_info, b"cli");
-    check_linked(&m.fds, ib.as_fd(), &inc.fds, lib.as_fd(), 8192);
+    check_linked(m.fds.as_ref().unwrap(), ib.as_fd(), local(&inc), lib.as_fd(), 8192);
     assert_eq!((v.stat("matched"), v.stat("listeners_waiting")), (1, 0));
 }
 
@@ -213,29 +183,21 @@ fn connect_then_listen_and_timeouts() {
     let agent = v.agent.clone();
     let requester = thread::spawn(move || {
         let ib = inbox();
-        let m = agent.connect(
-            &request(b"c", &LO, b"late", ib.as_fd()),
-            Duration::from_secs(10),
-        );
+        let m = agent.connect(&request(b"c", &LO, b"late", ib.as_fd()), Duration::from_secs(10));
         (m.unwrap(), ib)
     });
     v.await_stat("connects_pending", 1);
     let ib = inbox();
     let inc = v.agent.listen(&LO, b"late", b"", ib.as_fd(), None).unwrap();
     let (m, cib) = requester.join().unwrap();
-    check_linked(&m.fds, cib.as_fd(), &inc.fds, ib.as_fd(), 8192);
+    check_linked(m.fds.as_ref().unwrap(), cib.as_fd(), local(&inc), ib.as_fd(), 8192);
 
     // A listen nobody answers ends with Timeout; a connect with NoMatch.
     let t = Instant::now();
-    let err = v
-        .agent
-        .listen(&LO, b"x", b"", ib.as_fd(), Some(Duration::from_millis(100)));
+    let err = v.agent.listen(&LO, b"x", b"", ib.as_fd(), Some(Duration::from_millis(100)));
     assert!(matches!(err, Err(AgentError::Timeout)), "{err:?}");
     let req = request(b"c", &[127, 0, 0, 2], b"nobody", ib.as_fd());
-    let err = v
-        .agent
-        .connect(&req, Duration::from_millis(200))
-        .unwrap_err();
+    let err = v.agent.connect(&req, Duration::from_millis(200)).unwrap_err();
     assert!(matches!(err, AgentError::NoMatch), "{err:?}");
     assert!(t.elapsed() >= Duration::from_millis(300));
     assert_eq!((v.stat("no_match"), v.stat("listen_timeouts")), (1, 1));
@@ -243,20 +205,58 @@ fn connect_then_listen_and_timeouts() {
 
 #[test]
 fn unreachable_host() {
+    // Without a CM port, another host is unreachable at once.
     let v = Viad::start("unr", &[]);
     let ib = inbox();
+    let ep = CmEndpoint {
+        addr: "127.0.0.1:9".parse().unwrap(),
+        vi: 1,
+        key: 2,
+        reliability: 0,
+        max_transfer: 4096,
+        rdma_write: false,
+        rdma_read: false,
+        segment: 1400,
+    };
+    let info = encode_endpoint(&ep);
     let t = Instant::now();
-    let req = request(b"c", &[10, 255, 255, 1], b"svc", ib.as_fd());
-    assert!(matches!(
-        v.agent.connect(&req, Duration::from_secs(5)),
-        Err(AgentError::Unreachable)
-    ));
-    assert!(matches!(
-        v.agent.peer_connect(&req, Duration::from_secs(5)),
-        Err(AgentError::Unreachable)
-    ));
+    let mut req = request(b"c", &[10, 255, 255, 1], b"svc", ib.as_fd());
+    req.info = &info;
+    assert!(matches!(v.agent.connect(&req, Duration::from_secs(5)), Err(AgentError::Unreachable)));
+    // A peer request for a host with a smaller address would wait for that
+    // host's request; one with a larger address would be forwarded.
+    req.local_host = &[10, 255, 255, 2];
+    assert!(matches!(v.agent.peer_connect(&req, Duration::from_secs(5)), Err(AgentError::Unreachable)));
     assert!(t.elapsed() < Duration::from_secs(2));
-    assert_eq!(v.stat("unreachable"), 2);
+    assert_eq!((v.stat("unreachable"), v.stat("cm_unreachable")), (2, 2));
+    assert_eq!(v.stat("cm_port"), 0);
+
+    // With one, the request is sent until its timeout, then Unreachable.
+    let port = {
+        // A port nobody uses right now.
+        let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        probe.local_addr().unwrap().port().to_string()
+    };
+    let v = Viad::start("unr2", &["--cm-port", &port]);
+    assert_eq!(v.stat("cm_port").to_string(), port);
+    let t = Instant::now();
+    let err = v.agent.connect(&req, Duration::from_millis(400));
+    assert!(matches!(err, Err(AgentError::Unreachable)), "{err:?}");
+    assert!(t.elapsed() >= Duration::from_millis(400));
+    assert_eq!(v.stat("cm_requests_sent"), 1);
+    assert!(v.stat("cm_retransmits") >= 2);
+    // Host addresses that are neither IPv4 nor IPv6 are unreachable at once.
+    req.remote_host = &[10, 0, 0];
+    let err = v.agent.connect(&req, Duration::from_secs(5));
+    assert!(matches!(err, Err(AgentError::Unreachable)), "{err:?}");
+    // The info of a request for another host must be an endpoint.
+    req.remote_host = &[10, 255, 255, 1];
+    req.info = b"not an endpoint";
+    let err = v.agent.connect(&req, Duration::from_secs(5));
+    assert!(matches!(err, Err(AgentError::Protocol(_))), "{err:?}");
+    assert_eq!(v.stat("protocol_errors"), 1);
+    assert_eq!((v.stat("unreachable"), v.stat("cm_unreachable")), (2, 2));
+    assert!(t.elapsed() < Duration::from_secs(2));
 }
 
 #[test]
@@ -266,34 +266,19 @@ fn peers_match_in_both_orders() {
         let agent = v.agent.clone();
         let early = thread::spawn(move || {
             let ib = inbox();
-            let m = agent.peer_connect(
-                &request(first, &LO, second, ib.as_fd()),
-                Duration::from_secs(10),
-            );
+            let m = agent.peer_connect(&request(first, &LO, second, ib.as_fd()), Duration::from_secs(10));
             (m.unwrap(), ib)
         });
         v.await_stat("peers_pending", 1);
         // A request that is not the mirror image does not match.
         let ib = inbox();
         let wrong = request(second, &LO, b"p3", ib.as_fd());
-        assert!(matches!(
-            v.agent.peer_connect(&wrong, Duration::from_millis(50)),
-            Err(AgentError::NoMatch)
-        ));
-        let late = v
-            .agent
-            .peer_connect(
-                &request(second, &LO, first, ib.as_fd()),
-                Duration::from_secs(5),
-            )
-            .unwrap();
+        assert!(matches!(v.agent.peer_connect(&wrong, Duration::from_millis(50)), Err(AgentError::NoMatch)));
+        let late = v.agent.peer_connect(&request(second, &LO, first, ib.as_fd()), Duration::from_secs(5)).unwrap();
         let (early, eib) = early.join().unwrap();
         assert_eq!((early.side, late.side), (Side::A, Side::B));
-        assert_eq!(
-            (early.remote_info.as_slice(), late.remote_info.as_slice()),
-            (second, first)
-        );
-        check_linked(&early.fds, eib.as_fd(), &late.fds, ib.as_fd(), 8192);
+        assert_eq!((early.remote_info.as_slice(), late.remote_info.as_slice()), (second, first));
+        check_linked(early.fds.as_ref().unwrap(), eib.as_fd(), late.fds.as_ref().unwrap(), ib.as_fd(), 8192);
     }
     assert_eq!((v.stat("peer_matched"), v.stat("peers_pending")), (2, 0));
 }
@@ -315,10 +300,7 @@ fn departed_listener_is_not_matched() {
     drop(conn);
     v.await_stat("listeners_waiting", 0);
     let req = request(b"c", &LO, b"svc", ib.as_fd());
-    assert!(matches!(
-        v.agent.connect(&req, Duration::from_millis(100)),
-        Err(AgentError::NoMatch)
-    ));
+    assert!(matches!(v.agent.connect(&req, Duration::from_millis(100)), Err(AgentError::NoMatch)));
 }
 
 #[test]
@@ -326,19 +308,12 @@ fn malformed_messages_are_counted_and_closed() {
     let v = Viad::start("bad", &[]);
     let ib = inbox();
     let stats = proto::Request::Stats.encode().unwrap();
-    let bad: [(&[u8], &[BorrowedFd]); 4] = [
-        (b"\x01\x02garbage", &[]),
-        (b"\x09\x05", &[]),
-        (&stats, &[ib.as_fd()]),
-        (&[1, 3, 200, 0], &[]),
-    ];
+    let bad: [(&[u8], &[BorrowedFd]); 4] =
+        [(b"\x01\x02garbage", &[]), (b"\x09\x05", &[]), (&stats, &[ib.as_fd()]), (&[1, 3, 200, 0], &[])];
     for (i, (msg, fds)) in bad.iter().enumerate() {
         let conn = sock::connect(v.agent.socket()).unwrap();
         sock::send(conn.as_fd(), msg, fds).unwrap();
-        assert!(
-            sock::recv(conn.as_fd()).unwrap().is_none(),
-            "message {i} got an answer"
-        );
+        assert!(sock::recv(conn.as_fd()).unwrap().is_none(), "message {i} got an answer");
     }
     assert_eq!(v.stat("protocol_errors"), 4);
 }
@@ -347,23 +322,13 @@ fn malformed_messages_are_counted_and_closed() {
 fn stop_and_cli() {
     let mut v = Viad::start("stop", &[]);
     let name = v.agent.socket().to_string();
-    let out = Command::new(VIAD)
-        .args(["--stats", "--socket", &name])
-        .output()
-        .unwrap();
+    let out = Command::new(VIAD).args(["--stats", "--socket", &name]).output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.lines().any(|l| l == "sessions 0"), "{text}");
-    assert!(Command::new(VIAD)
-        .args(["--stop", "--socket", &name])
-        .status()
-        .unwrap()
-        .success());
+    assert!(Command::new(VIAD).args(["--stop", "--socket", &name]).status().unwrap().success());
     assert!(v.await_exit(Duration::from_secs(5)).success());
-    let out = Command::new(VIAD)
-        .args(["--stats", "--socket", &name])
-        .output()
-        .unwrap();
+    let out = Command::new(VIAD).args(["--stats", "--socket", &name]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no agent running"));
     assert!(matches!(v.agent.stats(), Err(AgentError::Unavailable(_))));
@@ -374,10 +339,7 @@ fn idle_timeout_exits_once_clients_are_gone() {
     let mut v = Viad::start("idle", &["--idle-timeout", "1"]);
     let (session, _) = v.agent.open_session("via_lo").unwrap();
     thread::sleep(Duration::from_millis(1500));
-    assert!(
-        v.child.try_wait().unwrap().is_none(),
-        "exited with a session open"
-    );
+    assert!(v.child.try_wait().unwrap().is_none(), "exited with a session open");
     drop(session);
     let t = Instant::now();
     assert!(v.await_exit(Duration::from_secs(5)).success());
@@ -388,17 +350,10 @@ fn idle_timeout_exits_once_clients_are_gone() {
 fn second_agent_on_a_taken_name_exits_quietly() {
     let mut v = Viad::start("race", &[]);
     let name = v.agent.socket().to_string();
-    let second = Command::new(VIAD)
-        .args(["--socket", &name])
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
+    let second = Command::new(VIAD).args(["--socket", &name]).stderr(Stdio::piped()).output().unwrap();
     assert!(second.status.success());
     assert!(second.stderr.is_empty());
-    let daemon = Command::new(VIAD)
-        .args(["--daemon", "--socket", &name])
-        .status()
-        .unwrap();
+    let daemon = Command::new(VIAD).args(["--daemon", "--socket", &name]).status().unwrap();
     assert!(daemon.success());
     assert!(v.child.try_wait().unwrap().is_none());
     v.agent.stop().unwrap();
@@ -406,14 +361,8 @@ fn second_agent_on_a_taken_name_exits_quietly() {
 
     // A real start race: every starter returns success, one agent wins.
     let name = format!("{name}-2");
-    let starters: Vec<Child> = (0..4)
-        .map(|_| {
-            Command::new(VIAD)
-                .args(["--daemon", "--socket", &name])
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let starters: Vec<Child> =
+        (0..4).map(|_| Command::new(VIAD).args(["--daemon", "--socket", &name]).spawn().unwrap()).collect();
     for mut s in starters {
         assert!(s.wait().unwrap().success());
     }
@@ -426,9 +375,88 @@ fn second_agent_on_a_taken_name_exits_quietly() {
 fn sigterm_exits_cleanly() {
     let mut v = Viad::start("term", &[]);
     let (_session, _) = v.agent.open_session("via_lo").unwrap();
-    assert_eq!(
-        unsafe { libc::kill(v.child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
+    assert_eq!(unsafe { libc::kill(v.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
     assert!(v.await_exit(Duration::from_secs(5)).success());
+}
+
+#[test]
+fn cm_port_survives_garbage_and_odd_messages() {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let v = Viad::start("cmfuzz", &["--cm-port", &port.to_string()]);
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dest = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let ep = CmEndpoint {
+        addr: "[::1]:9".parse().unwrap(),
+        vi: 1,
+        key: 2,
+        reliability: 0,
+        max_transfer: 4096,
+        rdma_write: true,
+        rdma_read: true,
+        segment: 1400,
+    };
+    // A small deterministic generator keeps the test reproducible.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut malformed = 0;
+    for round in 0..3000u64 {
+        let r = next();
+        let bytes: Vec<u8> = match round % 3 {
+            // Raw garbage, and valid messages with one byte changed.
+            0 => (0..r % 80).map(|_| next() as u8).collect(),
+            1 => {
+                let mut b = via_wire::cm::CmMessage::Ack { id: r }.encode();
+                let at = (next() as usize) % b.len();
+                b[at] ^= 1 + (next() as u8 % 255);
+                b
+            }
+            // Well-formed messages with odd contents: hosts of every length,
+            // this host or not, unknown ids, either model.
+            _ => {
+                let host = |n: u64| -> Vec<u8> {
+                    match n % 4 {
+                        0 => vec![127, 0, 0, 1],
+                        1 => std::net::Ipv6Addr::LOCALHOST.octets().to_vec(),
+                        _ => (0..n % 17).map(|i| i as u8).collect(),
+                    }
+                };
+                let msg = match r % 6 {
+                    0 | 1 => via_wire::cm::CmMessage::Request {
+                        id: next() % 8,
+                        from_host: host(next()),
+                        from_disc: vec![1; (next() % 65) as usize],
+                        to_host: host(next()),
+                        to_disc: vec![2; (next() % 65) as usize],
+                        peer: next() % 2 == 0,
+                        endpoint: ep.clone(),
+                    },
+                    2 => via_wire::cm::CmMessage::Accept { id: next() % 8, endpoint: ep.clone() },
+                    3 => via_wire::cm::CmMessage::Reject { id: next() % 8 },
+                    4 => via_wire::cm::CmMessage::NoMatch { id: next() % 8 },
+                    _ => via_wire::cm::CmMessage::Ack { id: next() % 8 },
+                };
+                msg.encode()
+            }
+        };
+        if via_wire::cm::CmMessage::decode(&bytes).is_err() {
+            malformed += 1;
+        }
+        sock.send_to(&bytes, dest).unwrap();
+        if round % 100 == 0 {
+            // Stay below the socket buffer, so nothing is dropped uncounted.
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    v.await_stat("cm_malformed", malformed);
+    assert!(v.stat("cm_requests_received") > 0);
+    // The agent still serves its own host.
+    let (_session, dev) = v.agent.open_session("via_lo").unwrap();
+    assert_eq!(dev.name, "via_lo");
 }

@@ -31,10 +31,7 @@ fn client_starts_the_agent_on_demand() {
         if client::stats().is_err() {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not exit when idle"
-        );
+        assert!(Instant::now() < deadline, "the agent did not exit when idle");
     }
 
     // A second on-demand start, then an explicit stop.

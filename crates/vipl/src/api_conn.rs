@@ -19,10 +19,7 @@ unsafe fn read_addr(addr: *const VIP_NET_ADDRESS) -> ViaResult<NetAddress> {
         return Err(ViaError::InvalidParameter);
     }
     let bytes = std::slice::from_raw_parts(std::ptr::addr_of!(a.HostAddress) as *const u8, hl + dl);
-    Ok(NetAddress {
-        host: bytes[..hl].to_vec(),
-        disc: bytes[hl..].to_vec(),
-    })
+    Ok(NetAddress { host: bytes[..hl].to_vec(), disc: bytes[hl..].to_vec() })
 }
 
 unsafe fn write_addr(out: *mut VIP_NET_ADDRESS, host: &[u8], disc: &[u8]) {
@@ -61,10 +58,7 @@ pub unsafe extern "C" fn VipConnectWait(
         need(remote_attrs_out)?;
         need(conn)?;
         let handle = connect::connect_wait(&nic, &local, timeout as u64)?;
-        let pending = via_provider::provider()
-            .conns
-            .get(handle)
-            .ok_or(ViaError::Resource)?;
+        let pending = via_provider::provider().conns.get(handle).ok_or(ViaError::Resource)?;
         write_addr(remote, &pending.remote_host, &pending.remote_disc);
         put(remote_attrs_out, remote_attrs(&pending.peer))?;
         put(conn, p(handle))
@@ -130,17 +124,11 @@ unsafe fn peer_finish(vi: VIP_PVOID, out: *mut VIP_VI_ATTRIBUTES, wait: bool) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipConnectPeerDone(
-    vi: VIP_PVOID,
-    out: *mut VIP_VI_ATTRIBUTES,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipConnectPeerDone(vi: VIP_PVOID, out: *mut VIP_VI_ATTRIBUTES) -> VIP_RETURN {
     call(|| peer_finish(vi, out, false))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipConnectPeerWait(
-    vi: VIP_PVOID,
-    out: *mut VIP_VI_ATTRIBUTES,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipConnectPeerWait(vi: VIP_PVOID, out: *mut VIP_VI_ATTRIBUTES) -> VIP_RETURN {
     call(|| peer_finish(vi, out, true))
 }

@@ -8,11 +8,7 @@ use via_core::ViaError;
 use via_provider::{Cq, Nic};
 
 #[no_mangle]
-pub unsafe extern "C" fn VipCreateCQ(
-    nic: VIP_PVOID,
-    entries: c_ulong,
-    out: *mut VIP_PVOID,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipCreateCQ(nic: VIP_PVOID, entries: c_ulong, out: *mut VIP_PVOID) -> VIP_RETURN {
     call(|| {
         let nic = Nic::get(h(nic))?;
         need(out)?;
@@ -31,11 +27,7 @@ pub unsafe extern "C" fn VipResizeCQ(cq: VIP_PVOID, entries: c_ulong) -> VIP_RET
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipCQDone(
-    cq: VIP_PVOID,
-    vi: *mut VIP_PVOID,
-    recv: *mut VIP_BOOLEAN,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipCQDone(cq: VIP_PVOID, vi: *mut VIP_PVOID, recv: *mut VIP_BOOLEAN) -> VIP_RETURN {
     call(|| {
         let cq = Cq::get(h(cq))?;
         need(vi)?;
@@ -64,11 +56,7 @@ pub unsafe extern "C" fn VipCQWait(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipCQNotify(
-    cq: VIP_PVOID,
-    context: VIP_PVOID,
-    callback: VIP_CQ_CALLBACK,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipCQNotify(cq: VIP_PVOID, context: VIP_PVOID, callback: VIP_CQ_CALLBACK) -> VIP_RETURN {
     call(|| {
         let cq = Cq::get(h(cq))?;
         let callback = callback.ok_or(ViaError::InvalidParameter)?;
@@ -79,12 +67,7 @@ pub unsafe extern "C" fn VipCQNotify(
                 match cq.wait(100) {
                     // SAFETY: the application's callback, as vipl.h declares it.
                     Ok(e) => unsafe {
-                        callback(
-                            context as VIP_PVOID,
-                            p(cq.nic.handle),
-                            p(e.vi),
-                            e.recv as VIP_BOOLEAN,
-                        );
+                        callback(context as VIP_PVOID, p(cq.nic.handle), p(e.vi), e.recv as VIP_BOOLEAN);
                         return;
                     },
                     Err(ViaError::Timeout) if !cq.destroyed.load(Ordering::Acquire) => continue,

@@ -5,9 +5,7 @@ use crate::{call, h, need, p, put};
 use libc::{c_char, c_ulong};
 use std::ffi::CStr;
 use std::sync::Arc;
-use via_core::consts::{
-    limits, SERVICE_RELIABLE_DELIVERY, SERVICE_RELIABLE_RECEPTION, SERVICE_UNRELIABLE,
-};
+use via_core::consts::{limits, SERVICE_RELIABLE_DELIVERY, SERVICE_RELIABLE_RECEPTION, SERVICE_UNRELIABLE};
 use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_core::ViaError;
 use via_provider::{names, ErrorEvent, Nic, ViaResult};
@@ -17,9 +15,7 @@ pub unsafe extern "C" fn VipOpenNic(name: *const c_char, out: *mut VIP_PVOID) ->
     call(|| {
         need(name)?;
         need(out)?;
-        let name = CStr::from_ptr(name)
-            .to_str()
-            .map_err(|_| ViaError::InvalidParameter)?;
+        let name = CStr::from_ptr(name).to_str().map_err(|_| ViaError::InvalidParameter)?;
         let (handle, _) = Nic::open(name)?;
         put(out, p(handle))
     })
@@ -61,9 +57,7 @@ pub unsafe extern "C" fn VipQueryNic(nic: VIP_PVOID, out: *mut VIP_NIC_ATTRIBUTE
                 MaxTransferSize: mtu,
                 NativeMTU: mtu,
                 MaxPtags: limits::MAX_PTAGS as c_ulong,
-                ReliabilityLevelSupport: SERVICE_UNRELIABLE
-                    | SERVICE_RELIABLE_DELIVERY
-                    | SERVICE_RELIABLE_RECEPTION,
+                ReliabilityLevelSupport: SERVICE_UNRELIABLE | SERVICE_RELIABLE_DELIVERY | SERVICE_RELIABLE_RECEPTION,
                 RDMAReadSupport: SERVICE_RELIABLE_DELIVERY | SERVICE_RELIABLE_RECEPTION,
             },
         )
@@ -110,19 +104,13 @@ pub unsafe extern "C" fn VipRegisterMem(
         let nic = Nic::get(h(nic))?;
         need(out)?;
         let (ptag, flags) = mem_attrs(&nic, attrs)?;
-        let handle = nic
-            .registry
-            .register(addr as u64, len as u64, ptag, flags, nic.pin)?;
+        let handle = nic.registry.register(addr as u64, len as u64, ptag, flags, nic.pin)?;
         put(out, handle)
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipDeregisterMem(
-    nic: VIP_PVOID,
-    addr: VIP_PVOID,
-    mem: VIP_MEM_HANDLE,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipDeregisterMem(nic: VIP_PVOID, addr: VIP_PVOID, mem: VIP_MEM_HANDLE) -> VIP_RETURN {
     call(|| Nic::get(h(nic))?.registry.deregister(mem, addr as u64))
 }
 
@@ -194,19 +182,11 @@ pub unsafe extern "C" fn VipErrorCallback(
 /// Writes host address `host` (and keeps the caller's discriminator) into a `VIP_NET_ADDRESS`.
 pub(crate) unsafe fn write_host(addr: *mut VIP_NET_ADDRESS, host: &[u8]) {
     (*addr).HostAddressLen = host.len() as u16;
-    std::ptr::copy_nonoverlapping(
-        host.as_ptr(),
-        std::ptr::addr_of_mut!((*addr).HostAddress) as *mut u8,
-        host.len(),
-    );
+    std::ptr::copy_nonoverlapping(host.as_ptr(), std::ptr::addr_of_mut!((*addr).HostAddress) as *mut u8, host.len());
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipQuerySystemManagementInfo(
-    nic: VIP_PVOID,
-    info: c_ulong,
-    out: VIP_PVOID,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipQuerySystemManagementInfo(nic: VIP_PVOID, info: c_ulong, out: VIP_PVOID) -> VIP_RETURN {
     call(|| {
         Nic::get(h(nic))?;
         need(out)?;
@@ -252,9 +232,7 @@ pub unsafe extern "C" fn VipNSGetHostByName(
         Nic::get(h(nic))?;
         need(name)?;
         need(addr)?;
-        let name = CStr::from_ptr(name)
-            .to_str()
-            .map_err(|_| ViaError::NameService)?;
+        let name = CStr::from_ptr(name).to_str().map_err(|_| ViaError::NameService)?;
         let all = names::host_addresses(name)?;
         let host = all.get(index as usize).ok_or(ViaError::NameService)?;
         write_host(addr, host);
@@ -275,10 +253,8 @@ pub unsafe extern "C" fn VipNSGetHostByAddr(
         need(name)?;
         need(len)?;
         let a = &*addr;
-        let host = std::slice::from_raw_parts(
-            std::ptr::addr_of!(a.HostAddress) as *const u8,
-            a.HostAddressLen as usize,
-        );
+        let host =
+            std::slice::from_raw_parts(std::ptr::addr_of!(a.HostAddress) as *const u8, a.HostAddressLen as usize);
         let found = names::host_name(host)?;
         let needed = found.len() + 1;
         if (*len as usize) < needed {

@@ -94,10 +94,7 @@ pub unsafe extern "C" fn VipQueryVi(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipSetViAttributes(
-    vi: VIP_PVOID,
-    attrs: *const VIP_VI_ATTRIBUTES,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipSetViAttributes(vi: VIP_PVOID, attrs: *const VIP_VI_ATTRIBUTES) -> VIP_RETURN {
     call(|| {
         let vi = Vi::get(h(vi))?;
         vi.set_attrs(read_vi_attrs(attrs)?)
@@ -105,20 +102,12 @@ pub unsafe extern "C" fn VipSetViAttributes(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipPostSend(
-    vi: VIP_PVOID,
-    desc: VIP_PVOID,
-    mem: VIP_MEM_HANDLE,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipPostSend(vi: VIP_PVOID, desc: VIP_PVOID, mem: VIP_MEM_HANDLE) -> VIP_RETURN {
     call(|| Vi::get(h(vi))?.post_send(DescPtr(desc as usize), mem))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipPostRecv(
-    vi: VIP_PVOID,
-    desc: VIP_PVOID,
-    mem: VIP_MEM_HANDLE,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipPostRecv(vi: VIP_PVOID, desc: VIP_PVOID, mem: VIP_MEM_HANDLE) -> VIP_RETURN {
     call(|| Vi::get(h(vi))?.post_recv(DescPtr(desc as usize), mem))
 }
 
@@ -132,11 +121,7 @@ pub unsafe extern "C" fn VipSendDone(vi: VIP_PVOID, out: *mut VIP_PVOID) -> VIP_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipSendWait(
-    vi: VIP_PVOID,
-    timeout: c_ulong,
-    out: *mut VIP_PVOID,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipSendWait(vi: VIP_PVOID, timeout: c_ulong, out: *mut VIP_PVOID) -> VIP_RETURN {
     call(|| {
         let vi = Vi::get(h(vi))?;
         need(out)?;
@@ -154,11 +139,7 @@ pub unsafe extern "C" fn VipRecvDone(vi: VIP_PVOID, out: *mut VIP_PVOID) -> VIP_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipRecvWait(
-    vi: VIP_PVOID,
-    timeout: c_ulong,
-    out: *mut VIP_PVOID,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipRecvWait(vi: VIP_PVOID, timeout: c_ulong, out: *mut VIP_PVOID) -> VIP_RETURN {
     call(|| {
         let vi = Vi::get(h(vi))?;
         need(out)?;
@@ -168,32 +149,18 @@ pub unsafe extern "C" fn VipRecvWait(
 
 /// Runs a one-shot notification: waits on a thread of its own (asleep, not
 /// spinning) and calls the application back with the completed descriptor.
-fn notify(
-    vi: VIP_PVOID,
-    context: VIP_PVOID,
-    callback: VIP_VI_CALLBACK,
-    recv: bool,
-) -> ViaResult<()> {
+fn notify(vi: VIP_PVOID, context: VIP_PVOID, callback: VIP_VI_CALLBACK, recv: bool) -> ViaResult<()> {
     let vi = Vi::get(h(vi))?;
     let callback = callback.ok_or(ViaError::InvalidParameter)?;
     let context = context as usize;
     std::thread::Builder::new()
         .name("via-notify".into())
         .spawn(move || loop {
-            let got = if recv {
-                vi.recv_wait(100)
-            } else {
-                vi.send_wait(100)
-            };
+            let got = if recv { vi.recv_wait(100) } else { vi.send_wait(100) };
             match got {
                 // SAFETY: the application's callback, as vipl.h declares it.
                 Ok(d) => unsafe {
-                    callback(
-                        context as VIP_PVOID,
-                        p(vi.nic.handle),
-                        p(vi.handle),
-                        d.0 as VIP_PVOID,
-                    );
+                    callback(context as VIP_PVOID, p(vi.nic.handle), p(vi.handle), d.0 as VIP_PVOID);
                     return;
                 },
                 Err(ViaError::Timeout) if !vi.destroyed.load(Ordering::Acquire) => continue,
@@ -205,19 +172,11 @@ fn notify(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipSendNotify(
-    vi: VIP_PVOID,
-    context: VIP_PVOID,
-    callback: VIP_VI_CALLBACK,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipSendNotify(vi: VIP_PVOID, context: VIP_PVOID, callback: VIP_VI_CALLBACK) -> VIP_RETURN {
     call(|| notify(vi, context, callback, false))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn VipRecvNotify(
-    vi: VIP_PVOID,
-    context: VIP_PVOID,
-    callback: VIP_VI_CALLBACK,
-) -> VIP_RETURN {
+pub unsafe extern "C" fn VipRecvNotify(vi: VIP_PVOID, context: VIP_PVOID, callback: VIP_VI_CALLBACK) -> VIP_RETURN {
     call(|| notify(vi, context, callback, true))
 }

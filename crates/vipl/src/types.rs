@@ -93,8 +93,7 @@ pub type VIP_ERROR_HANDLER = Option<unsafe extern "C" fn(VIP_PVOID, *mut VIP_ERR
 /// `VIP_VI_CALLBACK`.
 pub type VIP_VI_CALLBACK = Option<unsafe extern "C" fn(VIP_PVOID, VIP_PVOID, VIP_PVOID, VIP_PVOID)>;
 /// `VIP_CQ_CALLBACK`.
-pub type VIP_CQ_CALLBACK =
-    Option<unsafe extern "C" fn(VIP_PVOID, VIP_PVOID, VIP_PVOID, VIP_BOOLEAN)>;
+pub type VIP_CQ_CALLBACK = Option<unsafe extern "C" fn(VIP_PVOID, VIP_PVOID, VIP_PVOID, VIP_BOOLEAN)>;
 
 /// `VIP_VI_STATE` values.
 pub const VIP_STATE_IDLE: c_int = 0;

@@ -1,0 +1,344 @@
+//! The network transport: VIs on different hosts over UDP.
+//!
+//! Each NIC has one UDP socket (a [`NetPort`]) that multiplexes all its
+//! VIs: packets name the target VI and carry its random per-connection key.
+//! Each connected VI owns a [`via_reliable::Session`], the I/O-free protocol
+//! core; this module feeds it datagrams and time, and sends what it returns.
+//! Whoever calls first drains the socket: the application in its
+//! `Done`/`Wait` calls, or the helper thread when the application is not
+//! calling.
+
+use crate::nic::Nic;
+use crate::Vi;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+use via_core::error::{ViaError, ViaResult};
+use via_reliable::{Config, Event, Session, Transmit};
+use via_wire::{Header, Packet, HEADER_LEN};
+
+/// Largest UDP payload.
+const MAX_DATAGRAM: usize = 65507;
+
+/// Counters of one port, for `viainfo`-style reporting and tests.
+#[derive(Debug, Default)]
+pub struct PortStats {
+    /// Datagrams that were not valid packets (bad checksum, truncated...).
+    pub malformed: AtomicU64,
+    /// Valid packets for a VI this port does not know.
+    pub unknown_vi: AtomicU64,
+    /// Packets handed to a session.
+    pub delivered: AtomicU64,
+    /// Packets sent.
+    pub sent: AtomicU64,
+}
+
+/// The UDP socket of one NIC.
+pub struct NetPort {
+    socket: UdpSocket,
+    /// The socket's address, which peers send to.
+    pub local: SocketAddr,
+    /// Payload bytes per packet.
+    pub segment: usize,
+    vis: RwLock<HashMap<u32, Weak<Vi>>>,
+    /// Held while draining the socket, so packets of one VI are handled in order.
+    engine: Mutex<Vec<u8>>,
+    /// Counters.
+    pub stats: PortStats,
+}
+
+impl NetPort {
+    /// Opens the port of `nic`: a UDP socket on the device's address.
+    pub fn open(nic: &Nic) -> ViaResult<Arc<NetPort>> {
+        let ip = match nic.device.host_addr.as_slice() {
+            [a, b, c, d] => IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d)),
+            _ => return Err(ViaError::Resource),
+        };
+        let socket = UdpSocket::bind(SocketAddr::new(ip, 0)).map_err(|_| ViaError::Resource)?;
+        socket.set_nonblocking(true).map_err(|_| ViaError::Resource)?;
+        grow_buffers(&socket);
+        let local = socket.local_addr().map_err(|_| ViaError::Resource)?;
+        let port = Arc::new(NetPort {
+            socket,
+            local,
+            segment: segment_size(nic.device.mtu as usize),
+            vis: RwLock::new(HashMap::new()),
+            engine: Mutex::new(vec![0u8; MAX_DATAGRAM]),
+            stats: PortStats::default(),
+        });
+        crate::progress::watch_port(&port);
+        Ok(port)
+    }
+
+    /// The socket's descriptor, for the helper thread's epoll.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.socket.as_raw_fd()
+    }
+
+    /// Routes packets for VI id `vi` to `target`.
+    pub fn register(&self, vi: u32, target: Weak<Vi>) {
+        self.vis.write().insert(vi, target);
+    }
+
+    /// Stops routing packets to VI id `vi`.
+    pub fn unregister(&self, vi: u32) {
+        self.vis.write().remove(&vi);
+    }
+
+    /// Drains the socket, handing each packet to its VI.  Returns false when
+    /// another thread is draining it already.
+    pub fn poll(&self) -> bool {
+        let Some(mut buf) = self.engine.try_lock() else { return false };
+        loop {
+            match self.socket.recv_from(&mut buf) {
+                Ok((n, _from)) => self.dispatch(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    fn dispatch(&self, datagram: &[u8]) {
+        let header = match Packet::new_checked(datagram).and_then(|p| Header::parse(&p)) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::debug!("malformed packet: {e}");
+                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let target = self.vis.read().get(&header.dst_vi).and_then(Weak::upgrade);
+        match target {
+            Some(vi) => {
+                self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+                vi.net_input(&header, &datagram[HEADER_LEN..]);
+            }
+            None => {
+                tracing::debug!(vi = header.dst_vi, kind = ?header.kind, "packet for an unknown VI");
+                self.stats.unknown_vi.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Runs the timers of every VI on this port; returns the next deadline.
+    pub fn service(&self, now: Instant) -> Option<Instant> {
+        let vis: Vec<Arc<Vi>> = self.vis.read().values().filter_map(Weak::upgrade).collect();
+        vis.iter().filter_map(|vi| vi.net_timers(now)).min()
+    }
+
+    fn send(&self, to: SocketAddr, packet: &[u8]) {
+        if self.socket.send_to(packet, to).is_ok() {
+            self.stats.sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Socket buffers large enough for a full window of jumbo segments, so that
+/// bursts are not dropped by the kernel before the session sees them.
+fn grow_buffers(socket: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    let bytes: libc::c_int = 16 << 20;
+    for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+        let set = |opt| {
+            // SAFETY: setsockopt with an int option on our socket.
+            unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &bytes as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        // The forced variant needs CAP_NET_ADMIN; otherwise take what the limit allows.
+        if set(force) != 0 {
+            set(plain);
+        }
+    }
+}
+
+/// Payload bytes per packet: `VIA_SEGMENT_SIZE`, or what fits the MTU.
+fn segment_size(mtu: usize) -> usize {
+    let from_mtu = mtu.saturating_sub(28 + HEADER_LEN).max(512);
+    std::env::var("VIA_SEGMENT_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(from_mtu)
+        .clamp(256, MAX_DATAGRAM - HEADER_LEN)
+}
+
+/// The buffers a sent message's bytes come from, until the session says it is sent.
+pub(crate) type Gather = Vec<(u64, u32)>;
+
+/// The network side of one connected VI.
+pub struct NetLink {
+    /// The NIC's port.
+    pub port: Arc<NetPort>,
+    /// The peer's data socket.
+    pub peer: SocketAddr,
+    /// This VI's id on the wire.
+    pub local_vi: u32,
+    pub(crate) state: Mutex<NetState>,
+}
+
+pub(crate) struct NetState {
+    pub session: Session,
+    pub outbound: HashMap<u64, Gather>,
+    next_token: u64,
+    scratch: Vec<u8>,
+}
+
+impl NetLink {
+    /// A link to `peer` with a fresh session.
+    pub fn new(
+        port: Arc<NetPort>,
+        peer: SocketAddr,
+        config: Config,
+        local: via_reliable::Peer,
+        remote: via_reliable::Peer,
+    ) -> NetLink {
+        NetLink {
+            port,
+            peer,
+            local_vi: local.vi,
+            state: Mutex::new(NetState {
+                session: Session::new(config, local, remote, Instant::now()),
+                outbound: HashMap::new(),
+                next_token: 1,
+                scratch: vec![0u8; HEADER_LEN + MAX_DATAGRAM],
+            }),
+        }
+    }
+}
+
+impl NetState {
+    /// A token for a message whose bytes come from `gather`.
+    pub fn remember(&mut self, gather: Gather) -> u64 {
+        let token = self.next_token;
+        self.next_token += 1;
+        self.outbound.insert(token, gather);
+        token
+    }
+
+    /// Sends everything the session has to send, and collects its events.
+    pub fn flush(&mut self, link_peer: SocketAddr, port: &NetPort, events: &mut Vec<Event>) {
+        let now = Instant::now();
+        while let Some(t) = self.session.poll_transmit(now) {
+            let len = self.build(&t);
+            port.send(link_peer, &self.scratch[..len]);
+        }
+        while let Some(e) = self.session.poll_event() {
+            if let Event::Sent { token } = e {
+                self.outbound.remove(&token);
+            }
+            events.push(e);
+        }
+    }
+
+    fn build(&mut self, t: &Transmit) -> usize {
+        let plen = t.payload.map_or(0, |p| p.len as usize).min(MAX_DATAGRAM - HEADER_LEN);
+        t.header.emit(&mut self.scratch, plen);
+        if let Some(p) = t.payload {
+            let out = &mut self.scratch[HEADER_LEN..HEADER_LEN + plen];
+            match self.outbound.get(&p.token) {
+                Some(gather) => gather_bytes(gather, p.offset as u64, out),
+                None => out.fill(0),
+            }
+        }
+        via_wire::finish(&mut self.scratch[..HEADER_LEN + plen]);
+        HEADER_LEN + plen
+    }
+}
+
+/// Copies bytes `offset..offset + out.len()` of the buffers `gather` into `out`.
+fn gather_bytes(gather: &Gather, mut offset: u64, out: &mut [u8]) {
+    let mut filled = 0;
+    for &(addr, len) in gather {
+        let len = len as u64;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = ((len - offset) as usize).min(out.len() - filled);
+        // SAFETY: the buffers were validated against the registry when posted
+        // and stay registered until the descriptor completes.
+        unsafe { std::ptr::copy_nonoverlapping((addr + offset) as *const u8, out[filled..].as_mut_ptr(), n) };
+        filled += n;
+        offset = 0;
+        if filled == out.len() {
+            return;
+        }
+    }
+    out[filled..].fill(0);
+}
+
+/// Copies `data` into the buffers `segs` starting at byte `offset`.
+/// Returns false if it does not fit.
+pub(crate) fn scatter(segs: &[via_core::descriptor::LocalSeg], mut offset: u64, data: &[u8]) -> bool {
+    let mut done = 0;
+    for s in segs {
+        let len = s.len as u64;
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let n = ((len - offset) as usize).min(data.len() - done);
+        // SAFETY: receive buffers were validated against the registry when posted.
+        unsafe { std::ptr::copy_nonoverlapping(data[done..].as_ptr(), (s.addr + offset) as *mut u8, n) };
+        done += n;
+        offset = 0;
+        if done == data.len() {
+            return true;
+        }
+    }
+    done == data.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use via_core::descriptor::LocalSeg;
+
+    #[test]
+    fn gather_and_scatter_cross_segment_boundaries() {
+        let a = *b"hello ";
+        let b = *b"world";
+        let gather = vec![(a.as_ptr() as u64, 6), (b.as_ptr() as u64, 5)];
+        let mut out = [0u8; 7];
+        gather_bytes(&gather, 3, &mut out);
+        assert_eq!(&out, b"lo worl");
+        let mut x = [0u8; 4];
+        let mut y = [0u8; 4];
+        let segs = [LocalSeg { addr: x.as_mut_ptr() as u64, len: 4 }, LocalSeg { addr: y.as_mut_ptr() as u64, len: 4 }];
+        assert!(scatter(&segs, 2, b"abcd"));
+        assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
+        assert!(!scatter(&segs, 6, b"abc"));
+    }
+}
+
+impl NetLink {
+    /// Orderly disconnect: tell the peer, stop routing.
+    pub fn disconnect(&self) {
+        let mut st = self.state.lock();
+        st.session.disconnect();
+        st.flush(self.peer, &self.port, &mut Vec::new());
+        drop(st);
+        self.port.unregister(self.local_vi);
+    }
+
+    /// Breaks the connection, telling the peer `code` if given; stops routing.
+    pub fn close(&self, code: Option<u32>) {
+        let mut st = self.state.lock();
+        if let Some(code) = code {
+            st.session.close(code);
+        }
+        st.flush(self.peer, &self.port, &mut Vec::new());
+        drop(st);
+        self.port.unregister(self.local_vi);
+    }
+}

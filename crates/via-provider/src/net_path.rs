@@ -1,0 +1,361 @@
+//! The data path of VIs connected over the network: posting turns a
+//! descriptor into a message of the VI's session; the session's events
+//! complete descriptors, place received bytes and answer RDMA requests.
+
+use crate::net::{scatter, Gather, NetLink};
+use crate::nic::error_code;
+use crate::progress;
+use crate::vi::{reliable, Break, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
+use std::sync::Arc;
+use via_core::consts::*;
+use via_core::descriptor::{validate, DescPtr, Op, Rules};
+use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
+use via_reliable::{BreakReason, Event, MsgKind, OutMessage, SendError};
+
+/// What applying events asks of the session afterwards.
+#[derive(Default)]
+struct Followup {
+    replies: Vec<(MsgKind, u32, Gather)>,
+    close: Option<Break>,
+    lost: Option<u32>,
+    woke: bool,
+}
+
+impl Vi {
+    /// Completes a network connection.
+    pub(crate) fn connected_net(self: &Arc<Self>, link: Arc<NetLink>) {
+        let _r = self.recv.lock();
+        let mut s = self.send.lock();
+        link.port.register(link.local_vi, Arc::downgrade(self));
+        s.net = Some(link.clone());
+        *self.net.lock() = Some(link);
+        self.set_state(ViState::Connected);
+        drop(s);
+        self.bump();
+    }
+
+    /// Posts a send-queue descriptor on a network link.
+    pub(crate) fn post_net(
+        &self,
+        q: &mut SendQueue,
+        link: &NetLink,
+        desc: DescPtr,
+        mem: u32,
+        rules: &Rules,
+        attrs: &ViAttrs,
+    ) -> Vec<Event> {
+        let mut events = Vec::new();
+        let mut st = link.state.lock();
+        match validate(desc, mem, false, rules) {
+            Err(bits) => {
+                let op = match desc.control() & CONTROL_OP_MASK {
+                    CONTROL_OP_RDMAWRITE => STATUS_OP_RDMA_WRITE,
+                    CONTROL_OP_RDMAREAD => STATUS_OP_RDMA_READ,
+                    _ => STATUS_OP_SEND,
+                };
+                desc.complete(op | bits, 0, None);
+                q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op, length: 0 });
+                if reliable(attrs.reliability) {
+                    st.session.close(error_code::CONN_LOST);
+                }
+            }
+            Ok(wr) => {
+                let op = wr.op.status_bits(false);
+                let gather: Gather = wr.segs.iter().map(|s| (s.addr, s.len)).collect();
+                let total = wr.total as u32;
+                // An RDMA write completes when the target has checked and
+                // placed it (its answer), so that a refused write reports
+                // RDMA_PROT_ERROR to the initiator as on one host.
+                let answered = true;
+                let (kind, len, read) = match (wr.op, wr.remote) {
+                    (Op::RdmaWrite, Some((addr, handle))) => {
+                        (MsgKind::RdmaWrite { addr, handle }, total, answered.then(Vec::new))
+                    }
+                    (Op::RdmaRead, Some((addr, handle))) => {
+                        (MsgKind::RdmaReadRequest { addr, handle, len: total }, 0, Some(wr.segs.clone()))
+                    }
+                    _ => (MsgKind::Send, total, None),
+                };
+                let token = st.remember(if wr.op == Op::RdmaRead { Vec::new() } else { gather });
+                let sent = st.session.send(OutMessage { kind, len, imm: wr.immediate, token });
+                let mut item = SendItem { desc, done: false, token, read: None, op, length: total };
+                match sent {
+                    Ok(msg) => item.read = read.map(|segs| (msg, segs)),
+                    Err(e) => {
+                        st.outbound.remove(&token);
+                        let bits = if e == SendError::TooLarge { STATUS_LENGTH_ERROR } else { STATUS_TRANSPORT_ERROR };
+                        desc.complete(op | bits, 0, None);
+                        item.done = true;
+                    }
+                }
+                q.items.push_back(item);
+            }
+        }
+        st.flush(link.peer, &link.port, &mut events);
+        if let Some(t) = st.session.poll_timeout() {
+            progress::kick_before(t);
+        }
+        events
+    }
+
+    /// A packet for this VI arrived.
+    pub(crate) fn net_input(&self, header: &via_wire::Header, payload: &[u8]) {
+        let Some(link) = self.net.lock().clone() else { return };
+        let mut events = Vec::new();
+        {
+            let mut st = link.state.lock();
+            st.session.handle_packet(std::time::Instant::now(), header, payload);
+            st.flush(link.peer, &link.port, &mut events);
+        }
+        if !events.is_empty() {
+            self.apply_net(&link, events);
+        }
+    }
+
+    /// Runs the session's timers; returns its next deadline.
+    pub(crate) fn net_timers(&self, now: std::time::Instant) -> Option<std::time::Instant> {
+        let link = self.net.lock().clone()?;
+        let mut events = Vec::new();
+        let next = {
+            let mut st = link.state.lock();
+            if st.session.poll_timeout().is_some_and(|t| t <= now) {
+                st.session.handle_timeout(now);
+            }
+            st.flush(link.peer, &link.port, &mut events);
+            st.session.poll_timeout()
+        };
+        if !events.is_empty() {
+            self.apply_net(&link, events);
+        }
+        next
+    }
+
+    /// Applies a session's events to the work queues.
+    pub(crate) fn apply_net(&self, link: &Arc<NetLink>, events: Vec<Event>) {
+        let (rules, attrs) = self.rules();
+        let reliable = reliable(attrs.reliability);
+        let mut f = Followup::default();
+        {
+            let mut r = self.recv.lock();
+            let mut s = self.send.lock();
+            if !s.net.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
+                return; // a late event of a link that is gone
+            }
+            for event in events {
+                tracing::trace!(vi = self.handle, ?event, "session event");
+                match event {
+                    Event::Sent { token } => {
+                        if let Some(item) = s.items.iter_mut().find(|i| !i.done && i.token == token && i.read.is_none())
+                        {
+                            item.desc.complete(item.op, item.length, None);
+                            item.done = true;
+                        }
+                    }
+                    Event::Segment { kind, msg, offset, total, imm, first, last, data } => match kind {
+                        MsgKind::Send => {
+                            self.place(&mut r, msg, offset, total, imm, first, last, &data, reliable, &mut f)
+                        }
+                        MsgKind::RdmaWrite { addr, handle } => {
+                            if r.dropping == Some(msg) {
+                                continue; // refused earlier segment of this write
+                            }
+                            let at = addr.wrapping_add(offset as u64);
+                            if !(attrs.rdma_write
+                                && local_allows(&rules, handle, at, data.len() as u64, REGION_RDMA_WRITE))
+                            {
+                                let answer = MsgKind::RdmaReadResponse { request: msg, status: STATUS_RDMA_PROT_ERROR };
+                                f.replies.push((answer, 0, Vec::new()));
+                                if reliable {
+                                    f.close =
+                                        Some(Break { mine: error_code::RDMAW_PROT, theirs: error_code::RDMAW_PROT });
+                                }
+                                if !last {
+                                    r.dropping = Some(msg);
+                                }
+                                continue;
+                            }
+                            // SAFETY: checked against this process's registry just now.
+                            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at as *mut u8, data.len()) };
+                            if last {
+                                f.replies.push((MsgKind::RdmaReadResponse { request: msg, status: 0 }, 0, Vec::new()));
+                            }
+                            if last && imm.is_some() {
+                                self.settle(&mut r);
+                                let index = r.done;
+                                match r.items.get_mut(index) {
+                                    Some(item) => {
+                                        let bits = STATUS_OP_REMOTE_RDMA_WRITE | STATUS_IMMEDIATE;
+                                        item.desc.complete(bits, total, imm);
+                                        item.done = true;
+                                        r.done += 1;
+                                        self.push_cq(true);
+                                        f.woke = true;
+                                    }
+                                    None if reliable => f.close = Some(no_receive()),
+                                    None => {}
+                                }
+                            }
+                        }
+                        MsgKind::RdmaReadRequest { addr, handle, len } => {
+                            let ok =
+                                attrs.rdma_read && local_allows(&rules, handle, addr, len as u64, REGION_RDMA_READ);
+                            let status = if ok { 0 } else { STATUS_RDMA_PROT_ERROR };
+                            let gather = if ok { vec![(addr, len)] } else { Vec::new() };
+                            f.replies.push((
+                                MsgKind::RdmaReadResponse { request: msg, status },
+                                if ok { len } else { 0 },
+                                gather,
+                            ));
+                            if !ok && reliable {
+                                f.close = Some(Break { mine: error_code::RDMAR_PROT, theirs: error_code::RDMAR_PROT });
+                            }
+                        }
+                        MsgKind::RdmaReadResponse { request, status } => {
+                            let found = s
+                                .items
+                                .iter_mut()
+                                .find(|i| !i.done && i.read.as_ref().is_some_and(|(m, _)| *m == request));
+                            if let Some(item) = found {
+                                if status != 0 {
+                                    item.desc.complete(item.op | STATUS_RDMA_PROT_ERROR, 0, None);
+                                    item.done = true;
+                                } else if item.op == STATUS_OP_RDMA_WRITE {
+                                    item.desc.complete(item.op, item.length, None);
+                                    item.done = true;
+                                } else {
+                                    let segs = &item.read.as_ref().expect("read").1;
+                                    if !scatter(segs, offset as u64, &data) || total != item.length {
+                                        item.desc.complete(item.op | STATUS_TRANSPORT_ERROR, 0, None);
+                                        item.done = true;
+                                    } else if last {
+                                        item.desc.complete(item.op, total, None);
+                                        item.done = true;
+                                    }
+                                }
+                            }
+                        }
+                    },
+                    Event::Broken(reason) => {
+                        f.lost = Some(match reason {
+                            BreakReason::PeerBreak(code) if code <= error_code::CATASTROPHIC => code,
+                            _ => error_code::CONN_LOST,
+                        })
+                    }
+                }
+            }
+            let completed = s.advance();
+            for _ in 0..completed {
+                self.push_cq(false);
+            }
+            f.woke |= completed > 0;
+        }
+        if f.woke {
+            self.bump();
+        }
+        if !f.replies.is_empty() || f.close.is_some() {
+            let mut more = Vec::new();
+            {
+                let mut st = link.state.lock();
+                for (kind, len, gather) in f.replies.drain(..) {
+                    let token = st.remember(gather);
+                    let _ = st.session.send(OutMessage { kind, len, imm: None, token });
+                }
+                if let Some(b) = f.close {
+                    st.session.close(b.theirs);
+                }
+                st.flush(link.peer, &link.port, &mut more);
+            }
+            if let Some(b) = f.close {
+                self.net_lost(b.mine);
+                return;
+            }
+            if !more.is_empty() {
+                self.apply_net(link, more);
+            }
+        }
+        if let Some(code) = f.lost {
+            self.net_lost(code);
+        }
+    }
+
+    /// Places a segment of a received send into the first pending receive.
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &self,
+        r: &mut RecvQueue,
+        msg: u32,
+        offset: u32,
+        total: u32,
+        imm: Option<u32>,
+        first: bool,
+        last: bool,
+        data: &[u8],
+        reliable: bool,
+        f: &mut Followup,
+    ) {
+        if r.dropping == Some(msg) {
+            if last {
+                r.dropping = None;
+            }
+            return;
+        }
+        if first {
+            self.settle(r);
+            let index = r.done;
+            match r.items.get_mut(index) {
+                None => {
+                    if reliable {
+                        f.close = Some(no_receive());
+                    }
+                    if !last {
+                        r.dropping = Some(msg);
+                    }
+                    return;
+                }
+                Some(item) if total as u64 > item.total => {
+                    item.desc.complete(STATUS_OP_RECEIVE | STATUS_LENGTH_ERROR, 0, None);
+                    item.done = true;
+                    r.done += 1;
+                    self.push_cq(true);
+                    f.woke = true;
+                    if reliable {
+                        f.close = Some(Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST });
+                    }
+                    if !last {
+                        r.dropping = Some(msg);
+                    }
+                    return;
+                }
+                Some(_) => r.inbound = Some(msg),
+            }
+        }
+        if r.inbound != Some(msg) {
+            return;
+        }
+        let index = r.done;
+        let item = &mut r.items[index];
+        scatter(&item.segs, offset as u64, data);
+        if last {
+            let mut bits = STATUS_OP_RECEIVE;
+            if imm.is_some() {
+                bits |= STATUS_IMMEDIATE;
+            }
+            item.desc.complete(bits, total, imm);
+            item.done = true;
+            r.done += 1;
+            r.inbound = None;
+            self.push_cq(true);
+            f.woke = true;
+        }
+    }
+}
+
+/// A message arrived for a reliable VI with no receive posted.
+fn no_receive() -> Break {
+    Break { mine: error_code::RECVQ_EMPTY, theirs: error_code::CONN_LOST }
+}
+
+/// Checks an incoming RDMA access against this process's registry.
+fn local_allows(rules: &Rules, handle: u32, addr: u64, len: u64, flag: u32) -> bool {
+    matches!(rules.registry.lookup(handle), Some(r) if r.ptag == rules.ptag && r.flags & flag != 0 && r.contains(addr, len))
+}

@@ -1,0 +1,1175 @@
+//! The reliability protocol of openvia's VIA-over-UDP transport, without I/O.
+//!
+//! A [`Session`] is one end of one VI connection.  It does no I/O and reads
+//! no clock: the caller feeds it received packets ([`Session::handle_packet`])
+//! and the time ([`Session::handle_timeout`]), and asks it for packets to
+//! send ([`Session::poll_transmit`]), things that happened
+//! ([`Session::poll_event`]) and when to wake it next
+//! ([`Session::poll_timeout`]).  Given the same inputs it always produces the
+//! same outputs, which is what lets [`sim`] test it over a deterministic
+//! network with thousands of seeds.
+//!
+//! The session never touches message bytes it sends: a [`Transmit`] names
+//! them with a [`PayloadRef`] and the I/O layer gathers them from its own
+//! (registered) buffers, straight after the header.  Received payload is
+//! handed back in [`Event::Segment`].
+//!
+//! `docs/wire.md` describes the protocol on the wire.
+
+#![warn(missing_docs)]
+
+mod rtt;
+pub mod sim;
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use via_wire::{Header, Kind, FLAG_FIRST, FLAG_IMMEDIATE, FLAG_LAST, FLAG_RELIABLE};
+
+use rtt::RttEstimator;
+
+/// The largest window a session accepts; larger configured values are
+/// clamped to it (sequence numbers compare by serial arithmetic, and the
+/// reorder buffer is sized by the window).
+pub const MAX_WINDOW: u32 = 1 << 16;
+
+/// Number of selective-acknowledgement bits in a header.
+const SACK_BITS: usize = 64;
+
+/// Tuning of one session.  Both ends of a connection should use the same
+/// values for `reliable` and `window`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Reliable delivery/reception (retransmit, deliver in order) or
+    /// unreliable (never retransmit, deliver whole messages at most once).
+    pub reliable: bool,
+    /// Segment size: payload bytes per packet (clamped to 1..=65535).
+    pub max_payload: usize,
+    /// Most packets in flight, and the size of the reorder buffer
+    /// (clamped to 1..=[`MAX_WINDOW`]).
+    pub window: u32,
+    /// Retransmission timeout before the first RTT sample.
+    pub rto_initial: Duration,
+    /// Lower bound of the retransmission timeout.
+    pub rto_min: Duration,
+    /// Upper bound of the retransmission timeout, backoff included.
+    pub rto_max: Duration,
+    /// Consecutive timeouts of one packet before the session breaks: a
+    /// packet is retransmitted at most this many times by timeout.
+    pub max_retransmits: u32,
+    /// Send an ACK after this many unacknowledged data packets.
+    pub ack_every: u32,
+    /// ...or after this long.
+    pub ack_delay: Duration,
+    /// Send a KEEPALIVE after hearing nothing from the peer for this long.
+    pub keepalive: Duration,
+    /// Break the session after hearing nothing from the peer for this long.
+    pub idle_timeout: Duration,
+    /// Longest message (in bytes) this session sends or accepts; the
+    /// provider sets it to the VI's maximum transfer size.
+    pub max_message: u32,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            reliable: true,
+            // An Ethernet MTU of 1500 minus IPv6, UDP and our header.
+            max_payload: 1500 - 40 - 8 - via_wire::HEADER_LEN,
+            window: 256,
+            rto_initial: Duration::from_millis(10),
+            rto_min: Duration::from_millis(1),
+            rto_max: Duration::from_millis(500),
+            max_retransmits: 10,
+            ack_every: 2,
+            ack_delay: Duration::from_micros(200),
+            keepalive: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(10),
+            max_message: u32::MAX,
+        }
+    }
+}
+
+/// One end's identity on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Peer {
+    /// The VI id.
+    pub vi: u32,
+    /// The key packets for this VI must carry.
+    pub key: u64,
+}
+
+/// What a message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgKind {
+    /// A send, matched with a posted receive.
+    Send,
+    /// An RDMA write into the peer's registered memory.
+    RdmaWrite {
+        /// Remote address of the first byte.
+        addr: u64,
+        /// Remote memory handle.
+        handle: u32,
+    },
+    /// A request to read `len` bytes of the peer's registered memory.
+    RdmaReadRequest {
+        /// Remote address of the first byte.
+        addr: u64,
+        /// Remote memory handle.
+        handle: u32,
+        /// Bytes to read.
+        len: u32,
+    },
+    /// The answer to an RDMA read request: the bytes read, or an error.
+    RdmaReadResponse {
+        /// Message number of the request.
+        request: u32,
+        /// 0, or error status bits.
+        status: u32,
+    },
+}
+
+/// A message to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutMessage {
+    /// What it is.
+    pub kind: MsgKind,
+    /// Payload bytes; for a read request it is ignored (the request carries
+    /// no payload).
+    pub len: u32,
+    /// Immediate data (sends and RDMA writes only; ignored otherwise).
+    pub imm: Option<u32>,
+    /// Opaque to the session; handed back in [`Transmit`] and [`Event::Sent`].
+    pub token: u64,
+}
+
+/// A packet to send: the header, and which message bytes follow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// The header; the I/O layer emits it with `via_wire::Header::emit`.
+    pub header: Header,
+    /// The payload, `None` for a packet without one.
+    pub payload: Option<PayloadRef>,
+}
+
+/// Bytes `offset..offset + len` of the message sent with `token`.  The I/O
+/// layer keeps those bytes until [`Event::Sent`] (or the session's end),
+/// since a retransmission names them again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRef {
+    /// The message's token.
+    pub token: u64,
+    /// Offset within the message.
+    pub offset: u32,
+    /// Number of bytes.
+    pub len: u32,
+}
+
+/// Something the session has to tell its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Received message data.  In order for reliable sessions; for
+    /// unreliable ones only whole messages (one segment with `first` and
+    /// `last`), each at most once, never a partial one.  For an RDMA read
+    /// request `total` is 0 and the length to read is in the kind.
+    Segment {
+        /// What the message is.
+        kind: MsgKind,
+        /// The sender's message number.
+        msg: u32,
+        /// Offset of `data` within the message.
+        offset: u32,
+        /// Message length in bytes.
+        total: u32,
+        /// Immediate data, if the message has some.
+        imm: Option<u32>,
+        /// The message's first segment.
+        first: bool,
+        /// The message's last segment: the message is complete.
+        last: bool,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// Every byte of the message was acknowledged (reliable) or sent
+    /// (unreliable): the send may complete.  Reliable sessions report
+    /// messages in the order they were sent.
+    Sent {
+        /// The message's token.
+        token: u64,
+    },
+    /// The connection is over; the session sends and accepts nothing more.
+    Broken(BreakReason),
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakReason {
+    /// A packet timed out more than `max_retransmits` times.
+    Retransmits,
+    /// Nothing was heard from the peer for `idle_timeout`.
+    Idle,
+    /// The peer sent BREAK with this code.
+    PeerBreak(u32),
+    /// The peer sent DISCONNECT.
+    PeerDisconnect,
+    /// [`Session::close`] was called with this code.
+    Local(u32),
+}
+
+/// Why [`Session::send`] refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The session is closed.
+    #[error("session closed")]
+    Closed,
+    /// The message is longer than `Config::max_message`.
+    #[error("message too large")]
+    TooLarge,
+}
+
+/// Counters of one session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Packets handed out by `poll_transmit`.
+    pub packets_sent: u64,
+    /// Packets accepted by the key check.
+    pub packets_received: u64,
+    /// Packets sent again (timeout or fast retransmit).
+    pub retransmits: u64,
+    /// Sequenced packets received again (or, unreliable, late).
+    pub duplicates: u64,
+    /// Sequenced packets beyond the reorder window.
+    pub out_of_window: u64,
+    /// Packets with the wrong key, source VI or destination VI.
+    pub bad_key: u64,
+    /// Pure ACK packets sent.
+    pub acks_sent: u64,
+    /// Smoothed round-trip time (zero before the first sample).
+    pub srtt: Duration,
+    /// Current retransmission timeout.
+    pub rto: Duration,
+    /// Packets dropped as inconsistent: segments that contradict their
+    /// message or themselves, acknowledgements of unsent data, wrong mode.
+    pub invalid: u64,
+}
+
+/// A message accepted by `send` and not yet completed.
+#[derive(Debug, Clone)]
+struct OutState {
+    msg: OutMessage,
+    number: u32,
+    /// Payload bytes already cut into packets.
+    next_offset: u32,
+    /// Every packet of it has a sequence number.
+    segmented: bool,
+    /// Sequence number of its last packet (valid once segmented).
+    last_seq: u32,
+}
+
+/// A packet sent and not yet cumulatively acknowledged (reliable only).
+#[derive(Debug, Clone)]
+struct SentPacket {
+    /// The header as first sent; ack fields are refreshed on every send.
+    header: Header,
+    payload: Option<PayloadRef>,
+    sent_at: Instant,
+    /// Transmissions so far (Karn: only 1 gives an RTT sample).
+    tx_count: u32,
+    /// Global order of its latest transmission, for loss detection.
+    tx_order: u64,
+    /// Timer expiries of this packet.
+    rto_count: u32,
+    /// Selectively acknowledged.
+    acked: bool,
+    /// Deemed lost and queued for retransmission.
+    lost: bool,
+}
+
+/// One transmission, in time order, for the retransmission timer.
+#[derive(Debug, Clone, Copy)]
+struct TxRecord {
+    at: Instant,
+    seq: u32,
+    order: u64,
+}
+
+/// The message being received, reliable mode.
+#[derive(Debug, Clone, Copy)]
+struct RxMessage {
+    /// Header of its first packet, to compare later segments with.
+    first: Header,
+    next_offset: u32,
+}
+
+/// The message being assembled, unreliable mode.
+#[derive(Debug, Clone)]
+struct Assembly {
+    first: Header,
+    data: Vec<u8>,
+}
+
+/// BREAK or DISCONNECT waiting for `poll_transmit`.
+#[derive(Debug, Clone, Copy)]
+enum Control {
+    Break(u32),
+    Disconnect,
+}
+
+/// Serial-number difference: positive when `a` is after `b`.
+fn diff(a: u32, b: u32) -> i32 {
+    a.wrapping_sub(b) as i32
+}
+
+/// One end of a VI connection: the protocol state machine.
+#[derive(Debug)]
+pub struct Session {
+    config: Config,
+    window: u32,
+    max_payload: u32,
+    local: Peer,
+    remote: Peer,
+    closed: bool,
+    control: Option<Control>,
+    events: VecDeque<Event>,
+    stats: Stats,
+
+    // Sending.
+    next_msg: u32,
+    out: VecDeque<OutState>,
+    /// Index in `out` of the first message not fully segmented.
+    seg: usize,
+    /// Oldest unacknowledged sequence number.
+    snd_una: u32,
+    /// Next sequence number to assign.
+    snd_nxt: u32,
+    /// Packets `snd_una..snd_nxt` (reliable only).
+    inflight: VecDeque<SentPacket>,
+    /// Sequence numbers to retransmit, oldest first.
+    retx: VecDeque<u32>,
+    /// Transmissions in time order; stale records are skipped lazily.
+    timers: VecDeque<TxRecord>,
+    tx_order: u64,
+    /// The three largest `tx_order`s of acknowledged packets, largest first.
+    acked_orders: [u64; 3],
+    /// Loss detection already ran for this third-largest order.
+    loss_mark: u64,
+    peer_window: u32,
+    rtt: RttEstimator,
+
+    // Receiving.
+    /// Reliable: next expected sequence number.  Unreliable: one past the
+    /// newest accepted.
+    rcv_next: u32,
+    /// Out-of-order packets, index i holding seq `rcv_next + i` (reliable).
+    reorder: VecDeque<Option<(Header, Vec<u8>)>>,
+    rx: Option<RxMessage>,
+    rx_next_msg: u32,
+    assembly: Option<Assembly>,
+    /// Newest message delivered (unreliable).
+    last_delivered: u32,
+
+    // Acknowledgements.
+    unacked: u32,
+    ack_deadline: Option<Instant>,
+    ack_now: bool,
+
+    // Liveness.
+    last_heard: Instant,
+    last_probe: Option<Instant>,
+    keepalive_due: bool,
+}
+
+impl Session {
+    /// A session between `local` and `remote`, connected at `now`.
+    /// `local.key` is the key peers must put in packets to us; `remote.key`
+    /// goes into the packets we send.
+    pub fn new(config: Config, local: Peer, remote: Peer, now: Instant) -> Session {
+        let window = config.window.clamp(1, MAX_WINDOW);
+        let max_payload = config.max_payload.clamp(1, via_wire::MAX_PAYLOAD) as u32;
+        let rtt = RttEstimator::new(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay);
+        Session {
+            window,
+            max_payload,
+            local,
+            remote,
+            closed: false,
+            control: None,
+            events: VecDeque::new(),
+            stats: Stats::default(),
+            next_msg: 1,
+            out: VecDeque::new(),
+            seg: 0,
+            snd_una: 1,
+            snd_nxt: 1,
+            inflight: VecDeque::new(),
+            retx: VecDeque::new(),
+            timers: VecDeque::new(),
+            tx_order: 0,
+            acked_orders: [0; 3],
+            loss_mark: 0,
+            peer_window: window,
+            rtt,
+            rcv_next: 1,
+            reorder: VecDeque::new(),
+            rx: None,
+            rx_next_msg: 1,
+            assembly: None,
+            last_delivered: 0,
+            unacked: 0,
+            ack_deadline: None,
+            ack_now: false,
+            last_heard: now,
+            last_probe: None,
+            keepalive_due: false,
+            config,
+        }
+    }
+
+    /// Queues a message and returns its message number.  It is cut into
+    /// packets of at most `max_payload` bytes as the window allows; a
+    /// message of length 0 is one packet.
+    pub fn send(&mut self, msg: OutMessage) -> Result<u32, SendError> {
+        if self.closed {
+            return Err(SendError::Closed);
+        }
+        let mut msg = msg;
+        match msg.kind {
+            MsgKind::RdmaReadRequest { len, .. } => {
+                if len > self.config.max_message {
+                    return Err(SendError::TooLarge);
+                }
+                msg.len = 0;
+                msg.imm = None;
+            }
+            MsgKind::RdmaReadResponse { .. } => msg.imm = None,
+            MsgKind::Send | MsgKind::RdmaWrite { .. } => {}
+        }
+        if msg.len > self.config.max_message {
+            return Err(SendError::TooLarge);
+        }
+        let number = self.next_msg;
+        self.next_msg = self.next_msg.wrapping_add(1);
+        self.out.push_back(OutState { msg, number, next_offset: 0, segmented: false, last_seq: 0 });
+        Ok(number)
+    }
+
+    /// The next packet to send, if any: a pending BREAK/DISCONNECT,
+    /// retransmissions, new data within the window, a KEEPALIVE, or a pure
+    /// ACK when one is due.  Every packet carries the current ack and sack.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if self.closed {
+            return self.control.take().map(|c| self.control_packet(c));
+        }
+        if let Some(t) = self.retransmission(now) {
+            return Some(t);
+        }
+        if let Some(t) = self.new_packet(now) {
+            return Some(t);
+        }
+        if self.keepalive_due {
+            self.keepalive_due = false;
+            self.last_probe = Some(now);
+            let h = self.header(Kind::KeepAlive, 0, 0);
+            return Some(self.emit(h, None));
+        }
+        if self.ack_deadline.is_some_and(|d| d <= now) {
+            self.ack_now = true;
+        }
+        if self.ack_now {
+            let h = self.header(Kind::Ack, 0, 0);
+            self.stats.acks_sent += 1;
+            return Some(self.emit(h, None));
+        }
+        None
+    }
+
+    /// Takes a received packet addressed to this session.  The caller has
+    /// parsed the header and checked the checksum; the session checks the
+    /// key and both VI ids and ignores (and counts) packets that fail.
+    pub fn handle_packet(&mut self, now: Instant, header: &Header, payload: &[u8]) {
+        if self.closed {
+            return;
+        }
+        if header.key != self.local.key || header.src_vi != self.remote.vi || header.dst_vi != self.local.vi {
+            self.stats.bad_key += 1;
+            return;
+        }
+        self.stats.packets_received += 1;
+        self.last_heard = now;
+        self.last_probe = None;
+        self.keepalive_due = false;
+
+        if self.config.reliable {
+            self.on_ack(now, header);
+            self.clean_timers();
+        }
+        match header.kind {
+            Kind::Ack => {
+                if !payload.is_empty() {
+                    self.stats.invalid += 1;
+                }
+            }
+            Kind::KeepAlive => {
+                // Answer at once: the prober is waiting to hear from us.
+                self.ack_now = true;
+            }
+            Kind::Break | Kind::Disconnect => {
+                if !payload.is_empty() || !self.end_in_window(header.seq) {
+                    self.stats.invalid += 1;
+                    return;
+                }
+                let reason = if header.kind == Kind::Break {
+                    BreakReason::PeerBreak(header.status)
+                } else {
+                    BreakReason::PeerDisconnect
+                };
+                self.fail(reason);
+            }
+            Kind::Data | Kind::RdmaWrite | Kind::RdmaReadReq | Kind::RdmaReadResp => {
+                if header.has(FLAG_RELIABLE) != self.config.reliable || !self.segment_ok(header, payload.len()) {
+                    self.stats.invalid += 1;
+                    return;
+                }
+                if self.config.reliable {
+                    self.receive_reliable(now, header, payload);
+                } else {
+                    self.receive_unreliable(header, payload);
+                }
+            }
+        }
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Session::handle_timeout`] should run next: the earliest of the
+    /// retransmission timer, the delayed ACK, the keepalive and the idle
+    /// timeout.  `None` once the session is closed.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed {
+            return None;
+        }
+        let mut t = self.last_heard.checked_add(self.config.idle_timeout);
+        let mut earliest = |c: Option<Instant>| {
+            if let Some(c) = c {
+                t = Some(t.map_or(c, |t| t.min(c)));
+            }
+        };
+        if !self.keepalive_due {
+            let base = self.last_probe.unwrap_or(self.last_heard);
+            earliest(base.checked_add(self.config.keepalive));
+        }
+        earliest(self.ack_deadline);
+        if let Some(r) = self.timers.front() {
+            earliest(r.at.checked_add(self.rtt.rto()));
+        }
+        t
+    }
+
+    /// Runs the timers that are due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed {
+            return;
+        }
+        if self.last_heard.checked_add(self.config.idle_timeout).is_some_and(|t| t <= now) {
+            self.fail(BreakReason::Idle);
+            return;
+        }
+        self.clean_timers();
+        let rto = self.rtt.rto();
+        let mut fired = false;
+        while let Some(r) = self.timers.front().copied() {
+            if r.at.checked_add(rto).is_none_or(|t| t > now) {
+                break;
+            }
+            self.timers.pop_front();
+            let idx = diff(r.seq, self.snd_una) as usize;
+            let p = &mut self.inflight[idx];
+            p.rto_count += 1;
+            p.lost = true;
+            let exhausted = p.rto_count > self.config.max_retransmits;
+            self.retx.push_back(r.seq);
+            fired = true;
+            if exhausted {
+                self.fail(BreakReason::Retransmits);
+                return;
+            }
+            self.clean_timers();
+        }
+        if fired {
+            self.rtt.on_timeout();
+        }
+        if self.ack_deadline.is_some_and(|d| d <= now) {
+            self.ack_deadline = None;
+            self.ack_now = true;
+        }
+        let base = self.last_probe.unwrap_or(self.last_heard);
+        if base.checked_add(self.config.keepalive).is_some_and(|t| t <= now) {
+            self.keepalive_due = true;
+        }
+    }
+
+    /// Breaks the connection: queues a BREAK with `code` as its status (sent
+    /// once, best effort) and reports `Broken(Local(code))`.
+    pub fn close(&mut self, code: u32) {
+        self.fail(BreakReason::Local(code));
+    }
+
+    /// Ends the connection: queues a DISCONNECT (sent once, best effort) and
+    /// closes the session.  No event follows: the caller asked for it.
+    pub fn disconnect(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.shut_down();
+        self.control = Some(Control::Disconnect);
+    }
+
+    /// Whether the session is over (broken, closed or disconnected).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// The session's counters.
+    pub fn stats(&self) -> Stats {
+        Stats { srtt: self.rtt.srtt(), rto: self.rtt.rto(), ..self.stats }
+    }
+
+    /// Packets sent and not yet cumulatively acknowledged (always 0 for an
+    /// unreliable session, which waits for nothing).
+    pub fn in_flight(&self) -> u32 {
+        self.inflight.len() as u32
+    }
+
+    /// Messages accepted by `send` whose [`Event::Sent`] has not been
+    /// reported yet.  After the session closes, these never complete.
+    pub fn queued_messages(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The configuration in force (window and payload size as clamped).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    // ----------------------------------------------------------------
+    // Sending.
+
+    /// The window new packets must stay in: our own, and the peer's
+    /// advertisement (never below one packet, so a bogus zero cannot stall
+    /// the session).
+    fn send_window(&self) -> u32 {
+        self.window.min(self.peer_window.max(1))
+    }
+
+    /// A header addressed to the peer; `emit` fills the acknowledgement
+    /// fields when the packet leaves.
+    fn header(&self, kind: Kind, flags: u16, seq: u32) -> Header {
+        let mut flags = flags;
+        if self.config.reliable {
+            flags |= FLAG_RELIABLE;
+        }
+        Header {
+            kind,
+            flags,
+            dst_vi: self.remote.vi,
+            src_vi: self.local.vi,
+            key: self.remote.key,
+            seq,
+            ..Header::default()
+        }
+    }
+
+    /// Stamps the current acknowledgement state into `header` and hands the
+    /// packet out; it acknowledges everything received so far.
+    fn emit(&mut self, mut header: Header, payload: Option<PayloadRef>) -> Transmit {
+        header.ack = self.rcv_next;
+        header.sack = self.sack_bits();
+        header.window = self.window;
+        self.unacked = 0;
+        self.ack_deadline = None;
+        self.ack_now = false;
+        self.stats.packets_sent += 1;
+        Transmit { header, payload }
+    }
+
+    fn control_packet(&mut self, c: Control) -> Transmit {
+        let (kind, status) = match c {
+            Control::Break(code) => (Kind::Break, code),
+            Control::Disconnect => (Kind::Disconnect, 0),
+        };
+        let mut h = self.header(kind, 0, self.snd_nxt);
+        h.status = status;
+        self.snd_nxt = self.snd_nxt.wrapping_add(1);
+        self.emit(h, None)
+    }
+
+    fn retransmission(&mut self, now: Instant) -> Option<Transmit> {
+        while let Some(seq) = self.retx.pop_front() {
+            let d = diff(seq, self.snd_una);
+            if d < 0 {
+                continue;
+            }
+            let order = self.tx_order + 1;
+            let Some(p) = self.inflight.get_mut(d as usize) else {
+                continue;
+            };
+            if p.acked || !p.lost {
+                continue;
+            }
+            p.lost = false;
+            p.tx_count += 1;
+            p.tx_order = order;
+            p.sent_at = now;
+            let (header, payload) = (p.header, p.payload);
+            self.tx_order = order;
+            self.timers.push_back(TxRecord { at: now, seq, order });
+            self.stats.retransmits += 1;
+            self.clean_timers();
+            return Some(self.emit(header, payload));
+        }
+        None
+    }
+
+    fn new_packet(&mut self, now: Instant) -> Option<Transmit> {
+        if self.seg >= self.out.len() {
+            return None;
+        }
+        if self.config.reliable && self.inflight.len() as u32 >= self.send_window() {
+            return None;
+        }
+        let seq = self.snd_nxt;
+        let max_payload = self.max_payload;
+        let reliable = self.config.reliable;
+        let m = &mut self.out[self.seg];
+        let offset = m.next_offset;
+        let len = (m.msg.len - offset).min(max_payload);
+        let mut flags = 0;
+        if offset == 0 {
+            flags |= FLAG_FIRST;
+        }
+        if offset + len == m.msg.len {
+            flags |= FLAG_LAST;
+        }
+        let mut h = Header { msg: m.number, offset, total: m.msg.len, ..Header::default() };
+        h.kind = match m.msg.kind {
+            MsgKind::Send => Kind::Data,
+            MsgKind::RdmaWrite { addr, handle } => {
+                h.addr = addr;
+                h.handle = handle;
+                Kind::RdmaWrite
+            }
+            MsgKind::RdmaReadRequest { addr, handle, len } => {
+                h.addr = addr;
+                h.handle = handle;
+                h.total = len;
+                Kind::RdmaReadReq
+            }
+            MsgKind::RdmaReadResponse { request, status } => {
+                h.imm = request;
+                h.status = status;
+                Kind::RdmaReadResp
+            }
+        };
+        if let Some(imm) = m.msg.imm {
+            flags |= FLAG_IMMEDIATE;
+            h.imm = imm;
+        }
+        let payload = (len > 0).then_some(PayloadRef { token: m.msg.token, offset, len });
+        m.next_offset = offset + len;
+        let last = flags & FLAG_LAST != 0;
+        if last {
+            m.segmented = true;
+            m.last_seq = seq;
+        }
+        let token = m.msg.token;
+        if last {
+            self.seg += 1;
+        }
+        self.snd_nxt = seq.wrapping_add(1);
+
+        let base = self.header(h.kind, flags, seq);
+        let header = Header {
+            msg: h.msg,
+            offset: h.offset,
+            total: h.total,
+            imm: h.imm,
+            addr: h.addr,
+            handle: h.handle,
+            status: h.status,
+            ..base
+        };
+        if reliable {
+            self.tx_order += 1;
+            self.inflight.push_back(SentPacket {
+                header,
+                payload,
+                sent_at: now,
+                tx_count: 1,
+                tx_order: self.tx_order,
+                rto_count: 0,
+                acked: false,
+                lost: false,
+            });
+            self.timers.push_back(TxRecord { at: now, seq, order: self.tx_order });
+        } else if last {
+            // Unreliable: handed out is as good as it gets.
+            self.out.pop_front();
+            self.seg -= 1;
+            self.events.push_back(Event::Sent { token });
+        }
+        Some(self.emit(header, payload))
+    }
+
+    /// Processes the acknowledgement fields of a packet (reliable only).
+    fn on_ack(&mut self, now: Instant, h: &Header) {
+        let a = h.ack;
+        if diff(a, self.snd_una) < 0 {
+            // Older than what we know: reordered in the network.
+            return;
+        }
+        if diff(a, self.snd_nxt) > 0 {
+            // Acknowledges packets we never sent.
+            self.stats.invalid += 1;
+            return;
+        }
+        self.peer_window = h.window;
+        let mut sample: Option<Instant> = None;
+        let mut note = |p: &SentPacket, orders: &mut [u64; 3]| {
+            if p.tx_count == 1 && sample.is_none_or(|s| p.sent_at > s) {
+                sample = Some(p.sent_at);
+            }
+            insert_order(orders, p.tx_order);
+        };
+        while self.snd_una != a {
+            let p = self.inflight.pop_front().expect("ack within snd_una..=snd_nxt");
+            if !p.acked {
+                note(&p, &mut self.acked_orders);
+            }
+            self.snd_una = self.snd_una.wrapping_add(1);
+        }
+        if h.sack != 0 {
+            for i in 0..SACK_BITS {
+                if h.sack & (1 << i) == 0 {
+                    continue;
+                }
+                // Bits beyond what was sent are ignored.
+                let Some(p) = self.inflight.get_mut(1 + i) else {
+                    break;
+                };
+                if !p.acked {
+                    p.acked = true;
+                    p.lost = false;
+                    note(p, &mut self.acked_orders);
+                }
+            }
+        }
+        if let Some(s) = sample {
+            self.rtt.sample(now.saturating_duration_since(s));
+        }
+        // Completed messages, in order.
+        while let Some(m) = self.out.front() {
+            if self.seg == 0 || !m.segmented || diff(m.last_seq, self.snd_una) >= 0 {
+                break;
+            }
+            let token = m.msg.token;
+            self.out.pop_front();
+            self.seg -= 1;
+            self.events.push_back(Event::Sent { token });
+        }
+        self.detect_losses();
+    }
+
+    /// Fast retransmit: a packet is lost once three packets transmitted
+    /// after it were acknowledged while it was not.
+    fn detect_losses(&mut self) {
+        let third = self.acked_orders[2];
+        if third == 0 || third <= self.loss_mark {
+            return;
+        }
+        self.loss_mark = third;
+        for (i, p) in self.inflight.iter_mut().enumerate() {
+            // First transmissions are ordered by seq, and a retransmission
+            // comes later than its original: past the first packet sent
+            // once after `third`, nothing qualifies.
+            if p.tx_count == 1 && p.tx_order >= third {
+                break;
+            }
+            if !p.acked && !p.lost && p.tx_order < third {
+                p.lost = true;
+                self.retx.push_back(self.snd_una.wrapping_add(i as u32));
+            }
+        }
+    }
+
+    /// Drops timer records of packets acknowledged, lost or sent again
+    /// since, so the front is the oldest live transmission.
+    fn clean_timers(&mut self) {
+        while let Some(r) = self.timers.front() {
+            let d = diff(r.seq, self.snd_una);
+            let live =
+                d >= 0 && self.inflight.get(d as usize).is_some_and(|p| !p.acked && !p.lost && p.tx_order == r.order);
+            if live {
+                break;
+            }
+            self.timers.pop_front();
+        }
+    }
+
+    // ----------------------------------------------------------------
+    // Receiving.
+
+    /// Whether a BREAK or DISCONNECT with `seq` may be genuine: not older
+    /// than what was already delivered, not beyond the window.
+    fn end_in_window(&self, seq: u32) -> bool {
+        let d = diff(seq, self.rcv_next);
+        if self.config.reliable {
+            d >= 0 && d as u32 <= self.window
+        } else {
+            d >= 0
+        }
+    }
+
+    /// Checks a message segment on its own: lengths, offsets and flags that
+    /// agree with each other and with the limits.
+    fn segment_ok(&self, h: &Header, len: usize) -> bool {
+        let first = h.has(FLAG_FIRST);
+        let last = h.has(FLAG_LAST);
+        if h.total > self.config.max_message {
+            return false;
+        }
+        if h.kind == Kind::RdmaReadReq {
+            return first && last && h.offset == 0 && len == 0 && !h.has(FLAG_IMMEDIATE);
+        }
+        if h.has(FLAG_IMMEDIATE) && !matches!(h.kind, Kind::Data | Kind::RdmaWrite) {
+            return false;
+        }
+        let end = h.offset as u64 + len as u64;
+        if end > h.total as u64 || (first && h.offset != 0) {
+            return false;
+        }
+        // LAST exactly when the message ends here; a non-final segment must
+        // carry bytes, or a peer could send an endless message.
+        last == (end == h.total as u64) && (last || len > 0)
+    }
+
+    fn receive_reliable(&mut self, now: Instant, h: &Header, payload: &[u8]) {
+        let d = diff(h.seq, self.rcv_next);
+        if d < 0 {
+            // Already delivered: our ACK was probably lost.
+            self.stats.duplicates += 1;
+            self.ack_now = true;
+            return;
+        }
+        if d as u32 >= self.window {
+            self.stats.out_of_window += 1;
+            self.ack_now = true;
+            return;
+        }
+        if d > 0 {
+            let idx = d as usize;
+            if self.reorder.len() <= idx {
+                self.reorder.resize(idx + 1, None);
+            }
+            if self.reorder[idx].is_some() {
+                self.stats.duplicates += 1;
+            } else {
+                self.reorder[idx] = Some((*h, payload.to_vec()));
+            }
+            // Out of order: tell the sender about the hole at once.
+            self.ack_now = true;
+            return;
+        }
+        if !self.deliver(h, payload.to_vec()) {
+            self.stats.invalid += 1;
+            return;
+        }
+        self.advance();
+        let mut filled = false;
+        while let Some(Some(_)) = self.reorder.front() {
+            let (bh, data) = self.reorder[0].take().expect("checked");
+            if !self.deliver(&bh, data) {
+                self.stats.invalid += 1;
+                break;
+            }
+            self.advance();
+            filled = true;
+        }
+        self.unacked += 1;
+        if filled || self.unacked >= self.config.ack_every.max(1) {
+            self.ack_now = true;
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = now.checked_add(self.config.ack_delay);
+        }
+    }
+
+    fn advance(&mut self) {
+        self.rcv_next = self.rcv_next.wrapping_add(1);
+        self.reorder.pop_front();
+    }
+
+    /// Delivers the in-order segment `h` if it continues the message being
+    /// received (or starts the next one); false if it contradicts it.
+    fn deliver(&mut self, h: &Header, data: Vec<u8>) -> bool {
+        match self.rx {
+            None => {
+                if !h.has(FLAG_FIRST) || h.msg != self.rx_next_msg {
+                    return false;
+                }
+            }
+            Some(rx) => {
+                let f = &rx.first;
+                let same = !h.has(FLAG_FIRST)
+                    && h.msg == f.msg
+                    && h.kind == f.kind
+                    && h.total == f.total
+                    && h.offset == rx.next_offset
+                    && h.has(FLAG_IMMEDIATE) == f.has(FLAG_IMMEDIATE)
+                    && h.imm == f.imm
+                    && h.addr == f.addr
+                    && h.handle == f.handle
+                    && h.status == f.status;
+                if !same {
+                    return false;
+                }
+            }
+        }
+        let last = h.has(FLAG_LAST);
+        let next_offset = h.offset + data.len() as u32;
+        self.rx = if last {
+            self.rx_next_msg = h.msg.wrapping_add(1);
+            None
+        } else {
+            Some(RxMessage { first: self.rx.map_or(*h, |r| r.first), next_offset })
+        };
+        self.events.push_back(segment_event(h, h.offset, data));
+        true
+    }
+
+    fn receive_unreliable(&mut self, h: &Header, payload: &[u8]) {
+        let d = diff(h.seq, self.rcv_next);
+        if d < 0 {
+            // Late or duplicate: never deliver anything twice.
+            self.stats.duplicates += 1;
+            return;
+        }
+        self.rcv_next = h.seq.wrapping_add(1);
+        if d > 0 {
+            // A packet in between is missing: its message is lost.
+            self.assembly = None;
+        }
+        if h.has(FLAG_FIRST) {
+            self.assembly = None;
+            if diff(h.msg, self.last_delivered) <= 0 {
+                self.stats.invalid += 1;
+                return;
+            }
+            self.assembly = Some(Assembly { first: *h, data: payload.to_vec() });
+        } else {
+            let Some(a) = self.assembly.as_mut() else {
+                return;
+            };
+            let f = &a.first;
+            let same = h.msg == f.msg
+                && h.kind == f.kind
+                && h.total == f.total
+                && h.offset as usize == a.data.len()
+                && h.has(FLAG_IMMEDIATE) == f.has(FLAG_IMMEDIATE)
+                && h.imm == f.imm
+                && h.addr == f.addr
+                && h.handle == f.handle
+                && h.status == f.status;
+            if !same {
+                self.assembly = None;
+                self.stats.invalid += 1;
+                return;
+            }
+            a.data.extend_from_slice(payload);
+        }
+        if h.has(FLAG_LAST) {
+            let a = self.assembly.take().expect("assembled above");
+            self.last_delivered = a.first.msg;
+            let mut first = a.first;
+            first.flags |= FLAG_LAST;
+            self.events.push_back(segment_event(&first, 0, a.data));
+        }
+    }
+
+    /// Selective acknowledgement bits: bit i for seq `rcv_next + 1 + i`.
+    fn sack_bits(&self) -> u64 {
+        let mut s = 0u64;
+        for (i, slot) in self.reorder.iter().skip(1).take(SACK_BITS).enumerate() {
+            if slot.is_some() {
+                s |= 1 << i;
+            }
+        }
+        s
+    }
+
+    // ----------------------------------------------------------------
+    // Ending.
+
+    fn shut_down(&mut self) {
+        self.closed = true;
+        self.inflight.clear();
+        self.retx.clear();
+        self.timers.clear();
+        self.reorder.clear();
+        self.assembly = None;
+        self.rx = None;
+        self.ack_now = false;
+        self.ack_deadline = None;
+        self.keepalive_due = false;
+    }
+
+    fn fail(&mut self, reason: BreakReason) {
+        if self.closed {
+            return;
+        }
+        self.shut_down();
+        // Tell the peer when the reason is ours; best effort, sent once.
+        let code = match reason {
+            BreakReason::Retransmits => Some(via_wire::BREAK_RETRANSMITS),
+            BreakReason::Idle => Some(via_wire::BREAK_IDLE),
+            BreakReason::Local(c) => Some(c),
+            BreakReason::PeerBreak(_) | BreakReason::PeerDisconnect => None,
+        };
+        self.control = code.map(Control::Break);
+        self.events.push_back(Event::Broken(reason));
+    }
+}
+
+/// Keeps the three largest orders, largest first.
+fn insert_order(orders: &mut [u64; 3], o: u64) {
+    if o > orders[0] {
+        *orders = [o, orders[0], orders[1]];
+    } else if o > orders[1] {
+        *orders = [orders[0], o, orders[1]];
+    } else if o > orders[2] {
+        orders[2] = o;
+    }
+}
+
+fn segment_event(h: &Header, offset: u32, data: Vec<u8>) -> Event {
+    let (kind, total) = match h.kind {
+        Kind::RdmaWrite => (MsgKind::RdmaWrite { addr: h.addr, handle: h.handle }, h.total),
+        Kind::RdmaReadReq => (MsgKind::RdmaReadRequest { addr: h.addr, handle: h.handle, len: h.total }, 0),
+        Kind::RdmaReadResp => (MsgKind::RdmaReadResponse { request: h.imm, status: h.status }, h.total),
+        _ => (MsgKind::Send, h.total),
+    };
+    Event::Segment {
+        kind,
+        msg: h.msg,
+        offset,
+        total,
+        imm: h.has(FLAG_IMMEDIATE).then_some(h.imm),
+        first: h.has(FLAG_FIRST),
+        last: h.has(FLAG_LAST),
+        data,
+    }
+}
+
+#[cfg(test)]
+mod tests;

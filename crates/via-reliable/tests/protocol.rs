@@ -1,0 +1,609 @@
+//! Rules of the protocol, one at a time, with packets moved by hand.
+
+use std::time::{Duration, Instant};
+
+use via_reliable::sim::{run, Script, SimConfig};
+use via_reliable::{BreakReason, Config, Event, MsgKind, OutMessage, PayloadRef, Peer, SendError, Session, Transmit};
+use via_wire::{Header, Kind, Packet, FLAG_FIRST, FLAG_IMMEDIATE, FLAG_LAST, FLAG_RELIABLE};
+
+const A: Peer = Peer { vi: 11, key: 0xA11C_E000_0000_0001 };
+const B: Peer = Peer { vi: 22, key: 0xB0B0_0000_0000_0002 };
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn us(v: u64) -> Duration {
+    Duration::from_micros(v)
+}
+
+fn pair(config: Config, now: Instant) -> (Session, Session) {
+    (Session::new(config.clone(), A, B, now), Session::new(config, B, A, now))
+}
+
+/// The bytes of message `token`: a pure function, so any side can check them.
+fn byte(token: u64, at: u32) -> u8 {
+    (token.wrapping_mul(31) as u32).wrapping_add(at.wrapping_mul(7)) as u8
+}
+
+fn gather(r: Option<PayloadRef>) -> Vec<u8> {
+    match r {
+        None => Vec::new(),
+        Some(r) => (0..r.len).map(|i| byte(r.token, r.offset + i)).collect(),
+    }
+}
+
+fn msg(token: u64, len: u32) -> OutMessage {
+    OutMessage { kind: MsgKind::Send, len, imm: None, token }
+}
+
+fn drain(s: &mut Session, now: Instant) -> Vec<Transmit> {
+    std::iter::from_fn(|| s.poll_transmit(now)).collect()
+}
+
+fn events(s: &mut Session) -> Vec<Event> {
+    std::iter::from_fn(|| s.poll_event()).collect()
+}
+
+/// Encodes the packet as the I/O layer would and hands it to `to`.
+fn deliver(to: &mut Session, now: Instant, t: &Transmit) {
+    let bytes = via_wire::encode(&t.header, &gather(t.payload));
+    let p = Packet::new_checked(&bytes[..]).expect("valid packet");
+    let h = Header::parse(&p).expect("valid header");
+    to.handle_packet(now, &h, p.payload());
+}
+
+fn data_packets(ts: &[Transmit]) -> Vec<Transmit> {
+    ts.iter().filter(|t| t.header.kind == Kind::Data).copied().collect()
+}
+
+fn only_ack(ts: &[Transmit]) -> Transmit {
+    let acks: Vec<_> = ts.iter().filter(|t| t.header.kind == Kind::Ack).collect();
+    assert_eq!(acks.len(), 1, "{ts:?}");
+    *acks[0]
+}
+
+#[test]
+fn rtt_is_measured_and_karn_skips_retransmitted_packets() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(Config::default(), t0);
+    a.send(msg(1, 10)).unwrap();
+    let p = drain(&mut a, t0);
+    assert_eq!(p.len(), 1);
+    deliver(&mut b, t0 + ms(2), &p[0]);
+    // One packet is below ack_every: the ACK waits for the delay.
+    assert!(drain(&mut b, t0 + ms(2)).is_empty());
+    let due = b.poll_timeout().unwrap();
+    assert_eq!(due, t0 + ms(2) + us(200));
+    b.handle_timeout(due);
+    let ack = only_ack(&drain(&mut b, due));
+    assert_eq!(ack.header.ack, 2);
+    deliver(&mut a, due + ms(2), &ack);
+    let s = a.stats();
+    assert_eq!(s.srtt, us(4200));
+    // srtt + 4 * rttvar + ack delay = 4.2 + 8.4 + 0.2 ms.
+    assert_eq!(s.rto, us(12_800));
+    assert_eq!(events(&mut a), [Event::Sent { token: 1 }]);
+
+    // The next packet is lost; its retransmission is acknowledged, and
+    // Karn's rule takes no sample from it: srtt stays, the backoff stays.
+    let t1 = t0 + ms(100);
+    a.send(msg(2, 10)).unwrap();
+    assert_eq!(drain(&mut a, t1).len(), 1);
+    let expiry = a.poll_timeout().unwrap();
+    assert_eq!(expiry, t1 + us(12_800));
+    a.handle_timeout(expiry);
+    let r = drain(&mut a, expiry);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].header.seq, 2);
+    assert_eq!(a.stats().retransmits, 1);
+    assert_eq!(a.stats().rto, us(25_600));
+    deliver(&mut b, expiry + ms(1), &r[0]);
+    b.handle_timeout(b.poll_timeout().unwrap());
+    let ack = only_ack(&drain(&mut b, expiry + ms(2)));
+    deliver(&mut a, expiry + ms(50), &ack);
+    assert_eq!(events(&mut a), [Event::Sent { token: 2 }]);
+    assert_eq!(a.stats().srtt, us(4200));
+    assert_eq!(a.stats().rto, us(25_600));
+}
+
+#[test]
+fn timeouts_back_off_to_the_cap_then_break() {
+    let t0 = Instant::now();
+    let config = Config {
+        // Keep liveness timers out of the way.
+        keepalive: Duration::from_secs(100),
+        idle_timeout: Duration::from_secs(100),
+        ..Config::default()
+    };
+    let (mut a, _b) = pair(config, t0);
+    a.send(msg(1, 10)).unwrap();
+    assert_eq!(drain(&mut a, t0).len(), 1);
+    let mut retransmitted_at = Vec::new();
+    loop {
+        let t = a.poll_timeout().expect("a timer while a packet is out");
+        a.handle_timeout(t);
+        let out = drain(&mut a, t);
+        if a.is_closed() {
+            assert_eq!(out.len(), 1);
+            assert_eq!(out[0].header.kind, Kind::Break);
+            assert_eq!(out[0].header.status, via_wire::BREAK_RETRANSMITS);
+            assert_eq!(t - t0, ms(3130));
+            break;
+        }
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].header.seq, 1);
+        retransmitted_at.push((t - t0).as_millis());
+    }
+    assert_eq!(retransmitted_at, [10, 30, 70, 150, 310, 630, 1130, 1630, 2130, 2630]);
+    assert_eq!(events(&mut a), [Event::Broken(BreakReason::Retransmits)]);
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(a.send(msg(2, 1)), Err(SendError::Closed));
+}
+
+#[test]
+fn the_window_limits_packets_in_flight() {
+    let t0 = Instant::now();
+    let config = Config { window: 4, max_payload: 100, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    a.send(msg(1, 1000)).unwrap();
+    let first = drain(&mut a, t0);
+    assert_eq!(first.len(), 4);
+    assert_eq!(a.in_flight(), 4);
+    assert_eq!(first.iter().map(|t| t.header.seq).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    assert_eq!(first[0].header.flags, FLAG_FIRST | FLAG_RELIABLE);
+    assert_eq!(first[0].header.window, 4);
+    for t in &first[..2] {
+        deliver(&mut b, t0, t);
+    }
+    // Two packets reach ack_every: the ACK goes at once.
+    let ack = only_ack(&drain(&mut b, t0));
+    assert_eq!(ack.header.ack, 3);
+    deliver(&mut a, t0 + ms(1), &ack);
+    assert_eq!(a.in_flight(), 2);
+    let more = drain(&mut a, t0 + ms(1));
+    assert_eq!(more.iter().map(|t| t.header.seq).collect::<Vec<_>>(), [5, 6]);
+    assert_eq!(a.in_flight(), 4);
+
+    // The receiver expects seq 3..=6; it buffers 6 and drops 7.
+    deliver(&mut b, t0 + ms(1), &more[1]);
+    let beyond = Transmit {
+        header: Header { seq: 7, offset: 600, ..more[1].header },
+        payload: Some(PayloadRef { offset: 600, ..more[1].payload.unwrap() }),
+    };
+    deliver(&mut b, t0 + ms(1), &beyond);
+    assert_eq!(b.stats().out_of_window, 1);
+    let acks = drain(&mut b, t0 + ms(1));
+    let last = acks.last().unwrap().header;
+    // Seq 6 is ack + 1 + 2.
+    assert_eq!((last.ack, last.sack), (3, 0b100));
+}
+
+#[test]
+fn sack_spares_received_packets_from_retransmission() {
+    let t0 = Instant::now();
+    let config = Config { max_payload: 10, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    a.send(msg(7, 40)).unwrap();
+    let p = drain(&mut a, t0);
+    assert_eq!(p.len(), 4);
+    // Seq 2 is lost.
+    for i in [0, 2, 3] {
+        deliver(&mut b, t0 + ms(1), &p[i]);
+    }
+    let acks = drain(&mut b, t0 + ms(1));
+    let last = acks.last().unwrap().header;
+    assert_eq!((last.ack, last.sack), (2, 0b11));
+    for t in &acks {
+        deliver(&mut a, t0 + ms(2), t);
+    }
+    // Two later packets acknowledged: not yet a fast retransmit.
+    assert!(drain(&mut a, t0 + ms(2)).is_empty());
+    assert_eq!(a.in_flight(), 3);
+    // The acknowledged packets gave a 2 ms sample: 2 + 4 * 1 + 0.2 ms.
+    let t = a.poll_timeout().unwrap();
+    assert_eq!(t, t0 + us(6200));
+    a.handle_timeout(t);
+    let r = drain(&mut a, t);
+    assert_eq!(r.len(), 1, "only the hole is sent again");
+    assert_eq!(r[0].header.seq, 2);
+    assert_eq!(r[0].payload.unwrap().offset, 10);
+    deliver(&mut b, t + ms(1), &r[0]);
+    let got: Vec<u8> = events(&mut b)
+        .into_iter()
+        .flat_map(|e| match e {
+            Event::Segment { data, .. } => data,
+            e => panic!("{e:?}"),
+        })
+        .collect();
+    assert_eq!(got, gather(Some(PayloadRef { token: 7, offset: 0, len: 40 })));
+    let ack = only_ack(&drain(&mut b, t + ms(1)));
+    assert_eq!((ack.header.ack, ack.header.sack), (5, 0));
+    deliver(&mut a, t + ms(2), &ack);
+    assert_eq!(events(&mut a), [Event::Sent { token: 7 }]);
+    assert_eq!(a.in_flight(), 0);
+}
+
+#[test]
+fn a_hole_is_retransmitted_fast_after_three_later_packets() {
+    let t0 = Instant::now();
+    let config = Config { max_payload: 10, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    a.send(msg(3, 50)).unwrap();
+    let p = drain(&mut a, t0);
+    assert_eq!(p.len(), 5);
+    for i in [0, 2, 3, 4] {
+        deliver(&mut b, t0 + ms(1), &p[i]);
+    }
+    let acks = drain(&mut b, t0 + ms(1));
+    assert_eq!(acks.last().unwrap().header.sack, 0b111);
+    for t in &acks {
+        deliver(&mut a, t0 + ms(2), t);
+    }
+    // Long before the 10 ms timeout.
+    let r = drain(&mut a, t0 + ms(2));
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].header.seq, 2);
+    assert_eq!(a.stats().retransmits, 1);
+    // Acks of the retransmission do not trigger it again.
+    deliver(&mut b, t0 + ms(3), &r[0]);
+    let ack = only_ack(&drain(&mut b, t0 + ms(3)));
+    assert_eq!(ack.header.ack, 6);
+    deliver(&mut a, t0 + ms(4), &ack);
+    assert!(drain(&mut a, t0 + ms(4)).is_empty());
+    assert_eq!(a.stats().retransmits, 1);
+    assert_eq!(events(&mut a), [Event::Sent { token: 3 }]);
+}
+
+#[test]
+fn packets_with_a_wrong_key_or_vi_are_counted_and_ignored() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(Config::default(), t0);
+    a.send(msg(1, 5)).unwrap();
+    let p = drain(&mut a, t0)[0];
+    for bad in [
+        Header { key: B.key ^ 1, ..p.header },
+        Header { key: A.key, ..p.header },
+        Header { src_vi: 99, ..p.header },
+        Header { dst_vi: A.vi, ..p.header },
+    ] {
+        deliver(&mut b, t0, &Transmit { header: bad, ..p });
+    }
+    assert_eq!(b.stats().bad_key, 4);
+    assert_eq!(b.stats().packets_received, 0);
+    assert!(events(&mut b).is_empty());
+    assert!(drain(&mut b, t0).is_empty());
+    deliver(&mut b, t0, &p);
+    assert_eq!(b.stats().packets_received, 1);
+    assert!(matches!(events(&mut b).as_slice(), [Event::Segment { first: true, last: true, .. }]));
+    // A forged BREAK does not break anything.
+    let brk = Header { kind: Kind::Break, key: 12345, seq: 2, ..p.header };
+    b.handle_packet(t0, &brk, &[]);
+    assert!(!b.is_closed());
+}
+
+#[test]
+fn bulk_transfer_of_10k_messages_at_1_percent_loss() {
+    let script = Script {
+        net: SimConfig {
+            seed: 42,
+            loss: 0.01,
+            delay_min: us(20),
+            delay_max: us(80),
+            reorder: 0.001,
+            ..SimConfig::default()
+        },
+        session: Config::default(),
+        messages: 10_000,
+        spread: ms(500),
+        time_limit: Duration::from_secs(120),
+        rdma_reads: false,
+    };
+    let o = run(&script);
+    assert!(o.violations.is_empty(), "{o}");
+    assert!(o.completed, "{o}");
+    assert_eq!(o.delivered, [10_000, 10_000]);
+    let sent = o.stats[0].packets_sent + o.stats[1].packets_sent;
+    let retx = o.stats[0].retransmits + o.stats[1].retransmits;
+    // Every loss costs about one retransmission; allow for reordering by
+    // the delay jitter and lost ACKs, but nothing like a storm.
+    assert!(retx <= 4 * o.net.lost + 50, "{retx} retransmits for {} losses: {o}", o.net.lost);
+    assert!(retx * 100 <= sent * 5, "{retx} of {sent}");
+    println!("bulk: {} packets, {} lost, {retx} retransmits, {:?} virtual", o.net.sent, o.net.lost, o.elapsed);
+}
+
+#[test]
+fn close_and_disconnect_reach_the_peer() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(Config::default(), t0);
+    a.close(77);
+    assert!(a.is_closed());
+    assert_eq!(events(&mut a), [Event::Broken(BreakReason::Local(77))]);
+    let out = drain(&mut a, t0);
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].header.kind, out[0].header.status), (Kind::Break, 77));
+    deliver(&mut b, t0, &out[0]);
+    assert_eq!(events(&mut b), [Event::Broken(BreakReason::PeerBreak(77))]);
+    assert!(b.is_closed());
+    // The peer's own reason is not echoed back.
+    assert!(drain(&mut b, t0).is_empty());
+    // Closing twice changes nothing.
+    a.close(78);
+    assert!(events(&mut a).is_empty());
+    assert!(drain(&mut a, t0).is_empty());
+
+    let (mut a, mut b) = pair(Config::default(), t0);
+    a.send(msg(1, 3)).unwrap();
+    a.disconnect();
+    assert!(a.is_closed());
+    assert!(events(&mut a).is_empty());
+    let out = drain(&mut a, t0);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].header.kind, Kind::Disconnect);
+    deliver(&mut b, t0, &out[0]);
+    assert_eq!(events(&mut b), [Event::Broken(BreakReason::PeerDisconnect)]);
+    assert_eq!(a.send(msg(2, 1)), Err(SendError::Closed));
+}
+
+#[test]
+fn keepalives_keep_an_idle_connection_alive_and_silence_breaks_it() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(Config::default(), t0);
+    let mut now = t0;
+    let mut probes = 0;
+    // Runs `x`'s timers and answers its probes from `y`.
+    fn tick(x: &mut Session, y: &mut Session, now: Instant) -> usize {
+        let mut probes = 0;
+        if x.poll_timeout().unwrap() <= now {
+            x.handle_timeout(now);
+        }
+        for t in drain(x, now) {
+            probes += usize::from(t.header.kind == Kind::KeepAlive);
+            deliver(y, now, &t);
+            for r in drain(y, now) {
+                assert_eq!(r.header.kind, Kind::Ack);
+                deliver(x, now, &r);
+            }
+        }
+        probes
+    }
+    // A minute of idleness over a perfect link.
+    while now < t0 + Duration::from_secs(60) {
+        now = a.poll_timeout().unwrap().min(b.poll_timeout().unwrap());
+        probes += tick(&mut a, &mut b, now);
+        probes += tick(&mut b, &mut a, now);
+    }
+    assert!(!a.is_closed() && !b.is_closed());
+    assert!((50..=130).contains(&probes), "{probes} probes");
+
+    // Nobody answers: probes every second, then the idle timeout.
+    let (mut a, _b) = pair(Config::default(), t0);
+    let mut probe_times = Vec::new();
+    while let Some(t) = a.poll_timeout() {
+        a.handle_timeout(t);
+        for x in drain(&mut a, t) {
+            match x.header.kind {
+                Kind::KeepAlive => probe_times.push((t - t0).as_secs()),
+                Kind::Break => assert_eq!(x.header.status, via_wire::BREAK_IDLE),
+                k => panic!("{k}"),
+            }
+        }
+    }
+    assert_eq!(probe_times, (1..=9).collect::<Vec<_>>());
+    assert_eq!(events(&mut a), [Event::Broken(BreakReason::Idle)]);
+}
+
+#[test]
+fn unreliable_delivers_whole_messages_or_nothing() {
+    let t0 = Instant::now();
+    let config = Config { reliable: false, max_payload: 10, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    a.send(msg(1, 30)).unwrap();
+    a.send(msg(2, 5)).unwrap();
+    a.send(msg(3, 25)).unwrap();
+    let p = drain(&mut a, t0);
+    assert_eq!(p.len(), 7);
+    assert!(p.iter().all(|t| t.header.flags & FLAG_RELIABLE == 0));
+    // Sent as soon as the last packet was handed out; nothing waits for acks.
+    assert_eq!(events(&mut a), [1, 2, 3].map(|token| Event::Sent { token }));
+    assert_eq!(a.in_flight(), 0);
+    assert_eq!(a.queued_messages(), 0);
+    // Message 1 loses its middle packet; message 3 arrives whole.
+    for i in [0, 2, 3, 4, 5, 6] {
+        deliver(&mut b, t0, &p[i]);
+    }
+    // The missing packet turns up late, twice.
+    deliver(&mut b, t0, &p[1]);
+    deliver(&mut b, t0, &p[1]);
+    deliver(&mut b, t0, &p[3]);
+    let got = events(&mut b);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (e, (m, token, len)) in got.iter().zip([(2u32, 2u64, 5u32), (3, 3, 25)]) {
+        match e {
+            Event::Segment { msg, offset: 0, total, first: true, last: true, data, .. } => {
+                assert_eq!((*msg, *total), (m, len));
+                assert_eq!(*data, gather(Some(PayloadRef { token, offset: 0, len })));
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(b.stats().duplicates, 3);
+    // Unreliable receivers send no ACKs for data.
+    assert!(drain(&mut b, t0).is_empty());
+}
+
+#[test]
+fn hostile_headers_are_dropped_and_counted() {
+    let t0 = Instant::now();
+    let config = Config { max_message: 1 << 20, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    let base = Header {
+        kind: Kind::Data,
+        flags: FLAG_FIRST | FLAG_LAST | FLAG_RELIABLE,
+        dst_vi: B.vi,
+        src_vi: A.vi,
+        key: B.key,
+        seq: 1,
+        ack: 1,
+        msg: 1,
+        total: 4,
+        window: 256,
+        ..Header::default()
+    };
+    let hostile = [
+        // Offset far beyond the message.
+        Header { offset: u32::MAX - 1, flags: FLAG_RELIABLE, ..base },
+        // Payload longer than the message.
+        Header { total: 2, ..base },
+        // FIRST somewhere in the middle.
+        Header { offset: 2, total: 6, ..base },
+        // LAST where the message does not end.
+        Header { total: 100, ..base },
+        // A message larger than the limit.
+        Header { total: 1 << 21, flags: FLAG_FIRST | FLAG_RELIABLE, ..base },
+        // An unreliable packet on a reliable session.
+        Header { flags: FLAG_FIRST | FLAG_LAST, ..base },
+        // An RDMA read request with payload, or with immediate data.
+        Header { kind: Kind::RdmaReadReq, ..base },
+        Header { kind: Kind::RdmaReadResp, flags: base.flags | FLAG_IMMEDIATE, ..base },
+    ];
+    for h in hostile {
+        b.handle_packet(t0, &h, &[1, 2, 3, 4]);
+    }
+    assert_eq!(b.stats().invalid, hostile.len() as u64);
+    // A zero-length segment that is not the last one.
+    b.handle_packet(t0, &Header { flags: FLAG_FIRST | FLAG_RELIABLE, ..base }, &[]);
+    assert_eq!(b.stats().invalid, hostile.len() as u64 + 1);
+    assert!(events(&mut b).is_empty());
+
+    // Totals that disagree between segments of one message.
+    let s1 = Header { flags: FLAG_FIRST | FLAG_RELIABLE, total: 8, ..base };
+    let s2 = Header { seq: 2, flags: FLAG_LAST | FLAG_RELIABLE, offset: 4, total: 9, ..base };
+    b.handle_packet(t0, &s1, &[1, 2, 3, 4]);
+    b.handle_packet(t0, &s2, &[5, 6, 7, 8, 9]);
+    let got = events(&mut b);
+    assert_eq!(got.len(), 1, "only the consistent first segment: {got:?}");
+    // The wrong message number, or a second FIRST, is refused too.
+    b.handle_packet(t0, &Header { seq: 2, msg: 5, ..s2 }, &[5, 6, 7, 8]);
+    b.handle_packet(t0, &Header { seq: 2, ..s1 }, &[5, 6, 7, 8]);
+    assert!(events(&mut b).is_empty());
+    assert_eq!(b.stats().invalid, hostile.len() as u64 + 4);
+
+    // Acknowledgements of packets never sent, and sack bits beyond them.
+    a.send(msg(1, 5)).unwrap();
+    assert_eq!(drain(&mut a, t0).len(), 1);
+    let ack = Header {
+        kind: Kind::Ack,
+        flags: 0,
+        dst_vi: A.vi,
+        src_vi: B.vi,
+        key: A.key,
+        ack: 1000,
+        sack: u64::MAX,
+        ..Header::default()
+    };
+    a.handle_packet(t0, &ack, &[]);
+    assert_eq!(a.stats().invalid, 1);
+    a.handle_packet(t0, &Header { ack: 1, ..ack }, &[]);
+    a.handle_packet(t0, &Header { ack: 0x8000_0000, sack: 0, ..ack }, &[]);
+    assert_eq!(a.in_flight(), 1);
+    assert!(events(&mut a).is_empty());
+    a.handle_packet(t0, &Header { ack: 2, ..ack }, &[]);
+    assert_eq!(a.in_flight(), 0);
+    assert_eq!(events(&mut a), [Event::Sent { token: 1 }]);
+    // A zero window cannot stall the session.
+    a.handle_packet(t0, &Header { ack: 2, window: 0, ..ack }, &[]);
+    a.send(msg(2, 5)).unwrap();
+    assert_eq!(drain(&mut a, t0).len(), 1);
+}
+
+#[test]
+fn rdma_messages_carry_their_fields() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(Config::default(), t0);
+    let req = a
+        .send(OutMessage {
+            kind: MsgKind::RdmaReadRequest { addr: 0x1000, handle: 9, len: 3000 },
+            len: 0,
+            imm: Some(5),
+            token: 1,
+        })
+        .unwrap();
+    a.send(OutMessage { kind: MsgKind::RdmaWrite { addr: 0x2000, handle: 8 }, len: 0, imm: Some(0xfeed), token: 2 })
+        .unwrap();
+    let p = drain(&mut a, t0);
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[0].header.kind, Kind::RdmaReadReq);
+    assert_eq!(p[0].payload, None);
+    assert_eq!(p[0].header.total, 3000);
+    assert_eq!(p[1].header.flags, FLAG_FIRST | FLAG_LAST | FLAG_IMMEDIATE | FLAG_RELIABLE);
+    for t in &p {
+        deliver(&mut b, t0, t);
+    }
+    assert_eq!(
+        events(&mut b),
+        [
+            Event::Segment {
+                kind: MsgKind::RdmaReadRequest { addr: 0x1000, handle: 9, len: 3000 },
+                msg: req,
+                offset: 0,
+                total: 0,
+                imm: None,
+                first: true,
+                last: true,
+                data: vec![],
+            },
+            Event::Segment {
+                kind: MsgKind::RdmaWrite { addr: 0x2000, handle: 8 },
+                msg: req + 1,
+                offset: 0,
+                total: 0,
+                imm: Some(0xfeed),
+                first: true,
+                last: true,
+                data: vec![],
+            }
+        ]
+    );
+    b.send(OutMessage { kind: MsgKind::RdmaReadResponse { request: req, status: 0 }, len: 3000, imm: None, token: 10 })
+        .unwrap();
+    let r = drain(&mut b, t0);
+    let data = data_packets(&r);
+    assert!(data.is_empty());
+    let resp: Vec<_> = r.iter().filter(|t| t.header.kind == Kind::RdmaReadResp).collect();
+    assert_eq!(resp.len(), 3);
+    for t in &resp {
+        deliver(&mut a, t0, t);
+    }
+    let got = events(&mut a);
+    let mut bytes = Vec::new();
+    for e in &got {
+        if let Event::Segment { kind, data, .. } = e {
+            assert_eq!(*kind, MsgKind::RdmaReadResponse { request: req, status: 0 });
+            bytes.extend_from_slice(data);
+        }
+    }
+    assert_eq!(bytes, gather(Some(PayloadRef { token: 10, offset: 0, len: 3000 })));
+}
+
+#[test]
+fn sizes_and_limits() {
+    let t0 = Instant::now();
+    let config = Config { max_message: 100, max_payload: 40, ..Config::default() };
+    let (mut a, _b) = pair(config, t0);
+    assert_eq!(a.send(msg(1, 101)), Err(SendError::TooLarge));
+    let read =
+        OutMessage { kind: MsgKind::RdmaReadRequest { addr: 0, handle: 0, len: 101 }, len: 0, imm: None, token: 2 };
+    assert_eq!(a.send(read), Err(SendError::TooLarge));
+    assert_eq!(a.send(msg(3, 0)), Ok(1));
+    assert_eq!(a.send(msg(4, 100)), Ok(2));
+    assert_eq!(a.queued_messages(), 2);
+    let p = drain(&mut a, t0);
+    // A zero-length message is one packet without payload.
+    assert_eq!(p[0].payload, None);
+    assert_eq!(p[0].header.flags, FLAG_FIRST | FLAG_LAST | FLAG_RELIABLE);
+    let lens: Vec<u32> = p[1..].iter().map(|t| t.payload.unwrap().len).collect();
+    assert_eq!(lens, [40, 40, 20]);
+    assert_eq!(p[3].header.flags, FLAG_LAST | FLAG_RELIABLE);
+    assert_eq!(a.queued_messages(), 2);
+}
