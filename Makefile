@@ -48,7 +48,7 @@ STAGE_PC = PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig PKG_CONFIG_LIBDIR=$(STAGE)/lib
 VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
 VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
 
-.PHONY: all install uninstall stage test test-rust setup test-c test-c-asan \
+.PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-asan \
 	test-c-valgrind example test-c-build test-c-asan-build clean
 
 all:
@@ -91,13 +91,25 @@ stage:
 
 test: setup
 	$(MAKE) --no-print-directory test-rust
+	$(MAKE) --no-print-directory test-fuzz
 	$(MAKE) --no-print-directory test-c
 	$(MAKE) --no-print-directory test-c-asan
 	$(MAKE) --no-print-directory test-c-valgrind
 
 test-rust:
+	$(CARGO) fmt --all -- --check
 	$(CARGO) test --workspace --release --no-fail-fast
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+
+# Bounded fuzzing of every parser of untrusted bytes (FUZZ_SECONDS per target).
+FUZZ_SECONDS ?= 30
+test-fuzz:
+	@if rustup run nightly rustc --version >/dev/null 2>&1; then \
+		command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked; \
+		sh fuzz/run.sh $(FUZZ_SECONDS); \
+	else \
+		echo "fuzz: skipped: needs the nightly toolchain"; \
+	fi
 
 # ------------------------------------------------------------------
 # C conformance programs

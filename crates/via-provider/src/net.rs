@@ -325,6 +325,7 @@ impl NetLink {
     /// Orderly disconnect: tell the peer, stop routing.
     pub fn disconnect(&self) {
         let mut st = self.state.lock();
+        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), "network VI disconnected");
         st.session.disconnect();
         st.flush(self.peer, &self.port, &mut Vec::new());
         drop(st);
@@ -334,6 +335,7 @@ impl NetLink {
     /// Breaks the connection, telling the peer `code` if given; stops routing.
     pub fn close(&self, code: Option<u32>) {
         let mut st = self.state.lock();
+        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), "network VI broken");
         if let Some(code) = code {
             st.session.close(code);
         }
