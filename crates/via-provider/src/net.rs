@@ -45,7 +45,7 @@ pub struct NetPort {
     pub segment: usize,
     vis: RwLock<HashMap<u32, Weak<Vi>>>,
     /// Held while draining the socket, so packets of one VI are handled in order.
-    engine: Mutex<Vec<u8>>,
+    engine: Mutex<Batch>,
     /// Counters.
     pub stats: PortStats,
 }
@@ -66,7 +66,10 @@ impl NetPort {
             local,
             segment: segment_size(nic.device.mtu as usize),
             vis: RwLock::new(HashMap::new()),
-            engine: Mutex::new(vec![0u8; MAX_DATAGRAM]),
+            engine: Mutex::new(Batch::new(
+                BATCH,
+                MAX_DATAGRAM.min(HEADER_LEN + segment_size(nic.device.mtu as usize)) + 1,
+            )),
             stats: PortStats::default(),
         });
         crate::progress::watch_port(&port);
@@ -92,34 +95,55 @@ impl NetPort {
     /// Drains the socket, handing each packet to its VI.  Returns false when
     /// another thread is draining it already.
     pub fn poll(&self) -> bool {
-        let Some(mut buf) = self.engine.try_lock() else { return false };
-        loop {
-            match self.socket.recv_from(&mut buf) {
-                Ok((n, _from)) => self.dispatch(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return true,
+        let Some(mut batch) = self.engine.try_lock() else { return false };
+        use std::os::fd::AsRawFd;
+        while let Some(n) = batch.receive(self.socket.as_raw_fd()) {
+            self.dispatch(&batch, n);
+            if n < BATCH {
+                break;
             }
         }
+        true
     }
 
-    fn dispatch(&self, datagram: &[u8]) {
-        let header = match Packet::new_checked(datagram).and_then(|p| Header::parse(&p)) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::debug!("malformed packet: {e}");
-                self.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                return;
+    /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
+    /// together, so that one acknowledgement can answer several.
+    fn dispatch(&self, batch: &Batch, n: usize) {
+        let mut run: Vec<(Header, &[u8])> = Vec::new();
+        let mut run_vi = None;
+        for datagram in batch.datagrams(n) {
+            let header = match Packet::new_checked(datagram).and_then(|p| Header::parse(&p)) {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::debug!("malformed packet: {e}");
+                    self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            if run_vi != Some(header.dst_vi) {
+                self.deliver(run_vi, &run);
+                run.clear();
+                run_vi = Some(header.dst_vi);
             }
-        };
-        let target = self.vis.read().get(&header.dst_vi).and_then(Weak::upgrade);
+            run.push((header, &datagram[HEADER_LEN..]));
+        }
+        self.deliver(run_vi, &run);
+    }
+
+    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])]) {
+        let Some(id) = vi else { return };
+        if packets.is_empty() {
+            return;
+        }
+        let target = self.vis.read().get(&id).and_then(Weak::upgrade);
         match target {
             Some(vi) => {
-                self.stats.delivered.fetch_add(1, Ordering::Relaxed);
-                vi.net_input(&header, &datagram[HEADER_LEN..]);
+                self.stats.delivered.fetch_add(packets.len() as u64, Ordering::Relaxed);
+                vi.net_input(packets);
             }
             None => {
-                tracing::debug!(vi = header.dst_vi, kind = ?header.kind, "packet for an unknown VI");
-                self.stats.unknown_vi.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(vi = id, "packets for an unknown VI");
+                self.stats.unknown_vi.fetch_add(packets.len() as u64, Ordering::Relaxed);
             }
         }
     }
@@ -130,11 +154,126 @@ impl NetPort {
         vis.iter().filter_map(|vi| vi.net_timers(now)).min()
     }
 
-    fn send(&self, to: SocketAddr, packet: &[u8]) {
-        if self.socket.send_to(packet, to).is_ok() {
-            self.stats.sent.fetch_add(1, Ordering::Relaxed);
+    /// Sends the first `n` packets of `out` to `to` with as few system calls as possible.
+    fn send_all(&self, to: SocketAddr, out: &[(Vec<u8>, usize)]) {
+        use std::os::fd::AsRawFd;
+        let addr = socket2_addr(to);
+        let mut iov: Vec<libc::iovec> = out
+            .iter()
+            .map(|(b, len)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: *len })
+            .collect();
+        let mut msgs: Vec<libc::mmsghdr> = iov
+            .iter_mut()
+            .map(|v| {
+                // SAFETY: a zeroed msghdr is valid; fields set below.
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_name = &addr.0 as *const libc::sockaddr_storage as *mut libc::c_void;
+                h.msg_namelen = addr.1;
+                h.msg_iov = v;
+                h.msg_iovlen = 1;
+                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+            })
+            .collect();
+        let mut sent = 0;
+        while sent < msgs.len() {
+            let rest = &mut msgs[sent..];
+            // SAFETY: every header points at live buffers and the address above.
+            let r = unsafe { libc::sendmmsg(self.socket.as_raw_fd(), rest.as_mut_ptr(), rest.len() as u32, 0) };
+            if r <= 0 {
+                // A full socket buffer drops the rest: the session retransmits.
+                break;
+            }
+            sent += r as usize;
+        }
+        self.stats.sent.fetch_add(sent as u64, Ordering::Relaxed);
+    }
+}
+
+/// Datagrams received per system call.
+const BATCH: usize = 32;
+
+/// Receive buffers for `recvmmsg`.
+struct Batch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+}
+
+impl Batch {
+    fn new(count: usize, size: usize) -> Batch {
+        Batch { bufs: (0..count).map(|_| vec![0u8; size]).collect(), lens: vec![0; count] }
+    }
+
+    /// Receives up to `BATCH` datagrams without blocking; `None` when there are none.
+    fn receive(&mut self, fd: std::os::fd::RawFd) -> Option<usize> {
+        let mut iov: Vec<libc::iovec> = self
+            .bufs
+            .iter_mut()
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
+            .collect();
+        let mut msgs: Vec<libc::mmsghdr> = iov
+            .iter_mut()
+            .map(|v| {
+                // SAFETY: a zeroed msghdr is valid; the iovec is set below.
+                let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+                h.msg_iov = v;
+                h.msg_iovlen = 1;
+                libc::mmsghdr { msg_hdr: h, msg_len: 0 }
+            })
+            .collect();
+        loop {
+            // SAFETY: the headers point at our buffers.
+            let r = unsafe {
+                libc::recvmmsg(fd, msgs.as_mut_ptr(), msgs.len() as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+            };
+            if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if r <= 0 {
+                return None;
+            }
+            for (len, m) in self.lens.iter_mut().zip(&msgs).take(r as usize) {
+                // A truncated datagram is longer than any packet we accept: drop it.
+                *len = if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 { 0 } else { m.msg_len as usize };
+            }
+            return Some(r as usize);
         }
     }
+
+    fn datagrams(&self, n: usize) -> impl Iterator<Item = &[u8]> {
+        self.bufs.iter().zip(&self.lens).take(n).map(|(b, &len)| &b[..len])
+    }
+}
+
+/// A socket address in the form `sendmmsg` takes.
+fn socket2_addr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: zeroed storage is valid; we fill the variant that matches.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in, sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
 }
 
 /// Socket buffers large enough for a full window of jumbo segments, so that
@@ -190,7 +329,8 @@ pub(crate) struct NetState {
     pub session: Session,
     pub outbound: HashMap<u64, Gather>,
     next_token: u64,
-    scratch: Vec<u8>,
+    /// Packets built for one `sendmmsg`, with their lengths.
+    out: Vec<(Vec<u8>, usize)>,
 }
 
 impl NetLink {
@@ -210,7 +350,7 @@ impl NetLink {
                 session: Session::new(config, local, remote, Instant::now()),
                 outbound: HashMap::new(),
                 next_token: 1,
-                scratch: vec![0u8; HEADER_LEN + MAX_DATAGRAM],
+                out: Vec::new(),
             }),
         }
     }
@@ -228,9 +368,22 @@ impl NetState {
     /// Sends everything the session has to send, and collects its events.
     pub fn flush(&mut self, link_peer: SocketAddr, port: &NetPort, events: &mut Vec<Event>) {
         let now = Instant::now();
+        let mut n = 0;
         while let Some(t) = self.session.poll_transmit(now) {
-            let len = self.build(&t);
-            port.send(link_peer, &self.scratch[..len]);
+            if n == self.out.len() {
+                let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
+                self.out.push((vec![0u8; size], 0));
+            }
+            let len = build(&self.outbound, &t, &mut self.out[n].0);
+            self.out[n].1 = len;
+            n += 1;
+            if n == SEND_BATCH {
+                port.send_all(link_peer, &self.out[..n]);
+                n = 0;
+            }
+        }
+        if n > 0 {
+            port.send_all(link_peer, &self.out[..n]);
         }
         while let Some(e) = self.session.poll_event() {
             if let Event::Sent { token } = e {
@@ -239,20 +392,25 @@ impl NetState {
             events.push(e);
         }
     }
+}
 
-    fn build(&mut self, t: &Transmit) -> usize {
-        let plen = t.payload.map_or(0, |p| p.len as usize).min(MAX_DATAGRAM - HEADER_LEN);
-        t.header.emit(&mut self.scratch, plen);
-        if let Some(p) = t.payload {
-            let out = &mut self.scratch[HEADER_LEN..HEADER_LEN + plen];
-            match self.outbound.get(&p.token) {
-                Some(gather) => gather_bytes(gather, p.offset as u64, out),
-                None => out.fill(0),
-            }
+/// Packets sent per system call.
+const SEND_BATCH: usize = 32;
+
+/// Builds one packet into `buf`: header, payload gathered from the
+/// message's buffers, checksum.  Returns its length.
+fn build(outbound: &HashMap<u64, Gather>, t: &Transmit, buf: &mut [u8]) -> usize {
+    let plen = t.payload.map_or(0, |p| p.len as usize).min(buf.len() - HEADER_LEN);
+    t.header.emit(buf, plen);
+    if let Some(p) = t.payload {
+        let out = &mut buf[HEADER_LEN..HEADER_LEN + plen];
+        match outbound.get(&p.token) {
+            Some(gather) => gather_bytes(gather, p.offset as u64, out),
+            None => out.fill(0),
         }
-        via_wire::finish(&mut self.scratch[..HEADER_LEN + plen]);
-        HEADER_LEN + plen
     }
+    via_wire::finish(&mut buf[..HEADER_LEN + plen]);
+    HEADER_LEN + plen
 }
 
 /// Copies bytes `offset..offset + out.len()` of the buffers `gather` into `out`.
@@ -299,28 +457,6 @@ pub(crate) fn scatter(segs: &[via_core::descriptor::LocalSeg], mut offset: u64, 
     done == data.len()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use via_core::descriptor::LocalSeg;
-
-    #[test]
-    fn gather_and_scatter_cross_segment_boundaries() {
-        let a = *b"hello ";
-        let b = *b"world";
-        let gather = vec![(a.as_ptr() as u64, 6), (b.as_ptr() as u64, 5)];
-        let mut out = [0u8; 7];
-        gather_bytes(&gather, 3, &mut out);
-        assert_eq!(&out, b"lo worl");
-        let mut x = [0u8; 4];
-        let mut y = [0u8; 4];
-        let segs = [LocalSeg { addr: x.as_mut_ptr() as u64, len: 4 }, LocalSeg { addr: y.as_mut_ptr() as u64, len: 4 }];
-        assert!(scatter(&segs, 2, b"abcd"));
-        assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
-        assert!(!scatter(&segs, 6, b"abc"));
-    }
-}
-
 impl NetLink {
     /// Orderly disconnect: tell the peer, stop routing.
     pub fn disconnect(&self) {
@@ -342,5 +478,27 @@ impl NetLink {
         st.flush(self.peer, &self.port, &mut Vec::new());
         drop(st);
         self.port.unregister(self.local_vi);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use via_core::descriptor::LocalSeg;
+
+    #[test]
+    fn gather_and_scatter_cross_segment_boundaries() {
+        let a = *b"hello ";
+        let b = *b"world";
+        let gather = vec![(a.as_ptr() as u64, 6), (b.as_ptr() as u64, 5)];
+        let mut out = [0u8; 7];
+        gather_bytes(&gather, 3, &mut out);
+        assert_eq!(&out, b"lo worl");
+        let mut x = [0u8; 4];
+        let mut y = [0u8; 4];
+        let segs = [LocalSeg { addr: x.as_mut_ptr() as u64, len: 4 }, LocalSeg { addr: y.as_mut_ptr() as u64, len: 4 }];
+        assert!(scatter(&segs, 2, b"abcd"));
+        assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
+        assert!(!scatter(&segs, 6, b"abc"));
     }
 }

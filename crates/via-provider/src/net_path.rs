@@ -98,13 +98,16 @@ impl Vi {
         events
     }
 
-    /// A packet for this VI arrived.
-    pub(crate) fn net_input(&self, header: &via_wire::Header, payload: &[u8]) {
+    /// Packets for this VI arrived.
+    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])]) {
         let Some(link) = self.net.lock().clone() else { return };
         let mut events = Vec::new();
         {
             let mut st = link.state.lock();
-            st.session.handle_packet(std::time::Instant::now(), header, payload);
+            let now = std::time::Instant::now();
+            for (header, payload) in packets {
+                st.session.handle_packet(now, header, payload);
+            }
             st.flush(link.peer, &link.port, &mut events);
         }
         if !events.is_empty() {
