@@ -7,10 +7,13 @@
 #   make test-c-asan          the same programs with AddressSanitizer and UBSan
 #   make test-c-valgrind      api_errors, memory and sendrecv under valgrind
 #   make example              build and run examples/pingpong against the stage
-#   make test                 Rust tests and clippy, then test-c, test-c-asan and
-#                             test-c-valgrind
+#   make test-cluster         stage an install, run the multi-host tests on hosts
+#                             emulated by network namespaces (tests/cluster/run.sh;
+#                             needs root and iproute2, else every case is skipped)
+#   make test                 Rust tests and clippy, then test-c, test-c-asan,
+#                             test-c-valgrind and test-cluster
 #
-# test-c, test-c-asan, test-c-valgrind and example install into the staging
+# test-c, test-c-asan, test-c-valgrind, test-cluster and example install into the staging
 # prefix build/stage unless PREFIX is given.
 
 PREFIX  ?= /usr/local
@@ -35,7 +38,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := api_errors memory sendrecv rdma errors connect cq threads acceptance
+TESTS := api_errors memory sendrecv rdma errors connect cq threads counters acceptance
 VALGRIND_TESTS := api_errors memory sendrecv
 EXAMPLES := pingpong
 
@@ -49,7 +52,7 @@ VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
 VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
 
 .PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-asan \
-	test-c-valgrind example test-c-build test-c-asan-build clean
+	test-c-valgrind test-cluster example test-c-build test-c-asan-build clean
 
 all:
 	$(CARGO) build --release
@@ -95,6 +98,7 @@ test: setup
 	$(MAKE) --no-print-directory test-c
 	$(MAKE) --no-print-directory test-c-asan
 	$(MAKE) --no-print-directory test-c-valgrind
+	$(MAKE) --no-print-directory test-cluster
 
 test-rust:
 	$(CARGO) fmt --all -- --check
@@ -140,6 +144,12 @@ test-c-valgrind: test-c-build
 	STAGE=$(STAGE) VT_TIMEOUT=300 \
 	VT_WRAPPER="valgrind -q --error-exitcode=99 --leak-check=no" \
 		sh tests/c/run.sh $(BUILD)/tests/c $(VALGRIND_TESTS)
+
+# ------------------------------------------------------------------
+# Multi-host tests
+
+test-cluster: stage
+	STAGE=$(STAGE) sh tests/cluster/run.sh
 
 # ------------------------------------------------------------------
 # Examples

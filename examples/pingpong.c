@@ -228,6 +228,7 @@ static int run_client(const char *host)
         remote = local_address(&ep);
     } else {
         VIP_NET_ADDRESS *found = calloc(1, sizeof *found + 256);
+        found->HostAddressLen = 16; /* room for an IPv6 address */
         VIP_OK(VipNSInit(ep.nic, NULL));
         VIP_OK(VipNSGetHostByName(ep.nic, (VIP_CHAR *)host, found, 0));
         VIP_OK(VipNSShutdown(ep.nic));

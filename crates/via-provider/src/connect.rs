@@ -37,6 +37,8 @@ pub struct Conn {
     pub peer: Endpoint,
     /// The helper thread's token for this connection (0: not watched).
     pub token: std::sync::atomic::AtomicU64,
+    /// The NIC's counters.
+    pub counters: crate::counters::Counters,
 }
 
 impl Conn {
@@ -234,6 +236,7 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
                 peer_inbox: parts.peer_inbox,
                 peer: pending.peer,
                 token: Default::default(),
+                counters: vi.nic.counters.clone(),
             });
             if send_msg(&conn.socket, &PeerMessage::Accept(vi.endpoint())).is_err() {
                 vi.detach_segment();
@@ -242,7 +245,8 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
             vi.connected(conn);
         }
         Answer::Remote { responder, endpoint } => {
-            let (port, key, info) = net_identity(vi)?;
+            let family = if endpoint.addr.is_ipv6() { &[0u8; 16][..] } else { &[0u8; 4][..] };
+            let (port, key, info) = net_identity(vi, family)?;
             let link = net_link(vi, port, key, &endpoint);
             // Connected before answering, so that the client's first packets find the VI.
             vi.connected_net(link);
@@ -274,12 +278,12 @@ pub fn reject(conn: Handle) -> ViaResult<()> {
 /// The VI's identity on the network: the NIC's port, a fresh key, and the
 /// encoded endpoint that travels in the connection request.  Devices
 /// without an IPv4 address have no port: they connect on this host only.
-fn net_identity(vi: &Vi) -> ViaResult<(Arc<NetPort>, u64, Vec<u8>)> {
+fn net_identity(vi: &Vi, remote_host: &[u8]) -> ViaResult<(Arc<NetPort>, u64, Vec<u8>)> {
     let port = vi.nic.port()?;
     let key = random_key();
     let a = vi.attrs();
     let endpoint = CmEndpoint {
-        addr: port.local,
+        addr: port.local_for(remote_host)?,
         vi: vi.handle as u32,
         key,
         reliability: a.reliability,
@@ -379,6 +383,7 @@ fn shm_handshake(vi: &Vi, fds: ConnFds, side: Side, deadline: &Deadline, peer_mo
         peer_inbox: parts.peer_inbox,
         peer,
         token: Default::default(),
+        counters: vi.nic.counters.clone(),
     }))
 }
 
@@ -390,7 +395,7 @@ fn rendezvous(
     deadline: &Deadline,
     peer_model: bool,
 ) -> ViaResult<Linked> {
-    let identity = if client::is_local_host(&remote.host) { None } else { Some(net_identity(vi)?) };
+    let identity = if client::is_local_host(&remote.host) { None } else { Some(net_identity(vi, &remote.host)?) };
     let info = identity.as_ref().map_or(Vec::new(), |(_, _, info)| info.clone());
     let req = request(vi, remote, local, &info);
     let matched = if peer_model {

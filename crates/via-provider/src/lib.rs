@@ -8,6 +8,7 @@
 //! tables.
 
 pub mod connect;
+pub mod counters;
 pub mod cq;
 pub mod endpoint;
 pub mod handles;

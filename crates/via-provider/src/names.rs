@@ -4,6 +4,11 @@ use std::ffi::CString;
 use std::net::Ipv4Addr;
 use via_core::error::{ViaError, ViaResult};
 
+/// An IPv6 literal's 16 bytes (IPv6 hosts are named by address).
+pub fn ipv6_literal(name: &str) -> Option<[u8; 16]> {
+    name.parse::<std::net::Ipv6Addr>().ok().map(|ip| ip.octets())
+}
+
 /// IPv4 addresses of `name`, in resolver order, without duplicates.
 pub fn host_addresses(name: &str) -> ViaResult<Vec<[u8; 4]>> {
     if let Ok(ip) = name.parse::<Ipv4Addr>() {
@@ -41,8 +46,11 @@ pub fn host_addresses(name: &str) -> ViaResult<Vec<[u8; 4]>> {
     }
 }
 
-/// The host name of a 4-byte address.
+/// The host name of a 4-byte address (a 16-byte one is named by its literal).
 pub fn host_name(addr: &[u8]) -> ViaResult<String> {
+    if let Ok(v6) = <[u8; 16]>::try_from(addr) {
+        return Ok(std::net::Ipv6Addr::from(v6).to_string());
+    }
     let octets: [u8; 4] = addr.try_into().map_err(|_| ViaError::NameService)?;
     let sin = libc::sockaddr_in {
         sin_family: libc::AF_INET as u16,

@@ -8,12 +8,12 @@
 //! `Done`/`Wait` calls, or the helper thread when the application is not
 //! calling.
 
+use crate::counters::{Counter, Counters};
 use crate::nic::Nic;
 use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
@@ -23,54 +23,58 @@ use via_wire::{Header, Packet, HEADER_LEN};
 /// Largest UDP payload.
 const MAX_DATAGRAM: usize = 65507;
 
-/// Counters of one port, for `viainfo`-style reporting and tests.
-#[derive(Debug, Default)]
-pub struct PortStats {
-    /// Datagrams that were not valid packets (bad checksum, truncated...).
-    pub malformed: AtomicU64,
-    /// Valid packets for a VI this port does not know.
-    pub unknown_vi: AtomicU64,
-    /// Packets handed to a session.
-    pub delivered: AtomicU64,
-    /// Packets sent.
-    pub sent: AtomicU64,
-}
-
 /// The UDP socket of one NIC.
 pub struct NetPort {
     socket: UdpSocket,
-    /// The socket's address, which peers send to.
-    pub local: SocketAddr,
+    /// The address IPv4 peers send to (the device's IPv4 address).
+    pub local4: SocketAddr,
+    /// The address IPv6 peers send to, if the device has an IPv6 address
+    /// and the socket is dual-stack.
+    pub local6: Option<SocketAddr>,
+    dual_stack: bool,
     /// Payload bytes per packet.
     pub segment: usize,
     vis: RwLock<HashMap<u32, Weak<Vi>>>,
     /// Held while draining the socket, so packets of one VI are handled in order.
     engine: Mutex<Batch>,
-    /// Counters.
-    pub stats: PortStats,
+    /// The NIC's counters.
+    pub counters: Counters,
 }
 
 impl NetPort {
-    /// Opens the port of `nic`: a UDP socket on the device's address.
+    /// Opens the port of `nic`: a dual-stack UDP socket, reached at the
+    /// device's IPv4 address (and IPv6 address, if it has one); a plain IPv4
+    /// socket on the device's address where IPv6 is not available.
     pub fn open(nic: &Nic) -> ViaResult<Arc<NetPort>> {
-        let ip = match nic.device.host_addr.as_slice() {
+        let ip4 = match nic.device.host_addr.as_slice() {
             [a, b, c, d] => IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d)),
             _ => return Err(ViaError::Resource),
         };
-        let socket = UdpSocket::bind(SocketAddr::new(ip, 0)).map_err(|_| ViaError::Resource)?;
+        let ip6 = nic
+            .device
+            .host_addr6
+            .as_deref()
+            .and_then(|b| <[u8; 16]>::try_from(b).ok())
+            .map(|b| IpAddr::V6(std::net::Ipv6Addr::from(b)));
+        let (socket, dual_stack) = match UdpSocket::bind("[::]:0") {
+            Ok(s) => (s, true),
+            Err(_) => (UdpSocket::bind(SocketAddr::new(ip4, 0)).map_err(|_| ViaError::Resource)?, false),
+        };
         socket.set_nonblocking(true).map_err(|_| ViaError::Resource)?;
         grow_buffers(&socket);
-        let local = socket.local_addr().map_err(|_| ViaError::Resource)?;
+        let number = socket.local_addr().map_err(|_| ViaError::Resource)?.port();
         let port = Arc::new(NetPort {
             socket,
-            local,
+            local4: SocketAddr::new(ip4, number),
+            local6: ip6.filter(|_| dual_stack).map(|ip| SocketAddr::new(ip, number)),
+            dual_stack,
             segment: segment_size(nic.device.mtu as usize),
             vis: RwLock::new(HashMap::new()),
             engine: Mutex::new(Batch::new(
                 BATCH,
                 MAX_DATAGRAM.min(HEADER_LEN + segment_size(nic.device.mtu as usize)) + 1,
             )),
-            stats: PortStats::default(),
+            counters: nic.counters.clone(),
         });
         crate::progress::watch_port(&port);
         Ok(port)
@@ -116,7 +120,7 @@ impl NetPort {
                 Ok(h) => h,
                 Err(e) => {
                     tracing::debug!("malformed packet: {e}");
-                    self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    self.counters.add(Counter::Malformed, 1);
                     continue;
                 }
             };
@@ -138,12 +142,12 @@ impl NetPort {
         let target = self.vis.read().get(&id).and_then(Weak::upgrade);
         match target {
             Some(vi) => {
-                self.stats.delivered.fetch_add(packets.len() as u64, Ordering::Relaxed);
+                self.counters.add(Counter::PacketsReceived, packets.len() as u64);
                 vi.net_input(packets);
             }
             None => {
                 tracing::debug!(vi = id, "packets for an unknown VI");
-                self.stats.unknown_vi.fetch_add(packets.len() as u64, Ordering::Relaxed);
+                self.counters.add(Counter::UnknownVi, packets.len() as u64);
             }
         }
     }
@@ -154,9 +158,22 @@ impl NetPort {
         vis.iter().filter_map(|vi| vi.net_timers(now)).min()
     }
 
+    /// The address a peer at `remote_host` (4 or 16 bytes) sends to.
+    pub fn local_for(&self, remote_host: &[u8]) -> ViaResult<SocketAddr> {
+        match remote_host.len() {
+            16 => self.local6.ok_or(ViaError::NotReachable),
+            _ => Ok(self.local4),
+        }
+    }
+
     /// Sends the first `n` packets of `out` to `to` with as few system calls as possible.
     fn send_all(&self, to: SocketAddr, out: &[(Vec<u8>, usize)]) {
         use std::os::fd::AsRawFd;
+        // A dual-stack socket reaches IPv4 peers at their mapped address.
+        let to = match to {
+            SocketAddr::V4(v4) if self.dual_stack => SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port()),
+            other => other,
+        };
         let addr = socket2_addr(to);
         let mut iov: Vec<libc::iovec> = out
             .iter()
@@ -185,7 +202,7 @@ impl NetPort {
             }
             sent += r as usize;
         }
-        self.stats.sent.fetch_add(sent as u64, Ordering::Relaxed);
+        self.counters.add(Counter::PacketsSent, sent as u64);
     }
 }
 
@@ -331,6 +348,8 @@ pub(crate) struct NetState {
     next_token: u64,
     /// Packets built for one `sendmmsg`, with their lengths.
     out: Vec<(Vec<u8>, usize)>,
+    /// The session's counters when last added to the NIC's.
+    seen: via_reliable::Stats,
 }
 
 impl NetLink {
@@ -351,6 +370,7 @@ impl NetLink {
                 outbound: HashMap::new(),
                 next_token: 1,
                 out: Vec::new(),
+                seen: Default::default(),
             }),
         }
     }
@@ -385,6 +405,11 @@ impl NetState {
         if n > 0 {
             port.send_all(link_peer, &self.out[..n]);
         }
+        let stats = self.session.stats();
+        port.counters.add(Counter::Retransmits, stats.retransmits - self.seen.retransmits);
+        port.counters.add(Counter::Duplicates, stats.duplicates - self.seen.duplicates);
+        port.counters.add(Counter::BadKey, stats.bad_key - self.seen.bad_key);
+        self.seen = stats;
         while let Some(e) = self.session.poll_event() {
             if let Event::Sent { token } = e {
                 self.outbound.remove(&token);

@@ -2,6 +2,7 @@
 //! descriptor into a message of the VI's session; the session's events
 //! complete descriptors, place received bytes and answer RDMA requests.
 
+use crate::counters::Counter;
 use crate::net::{scatter, Gather, NetLink};
 use crate::nic::error_code;
 use crate::progress;
@@ -30,6 +31,7 @@ impl Vi {
         s.net = Some(link.clone());
         *self.net.lock() = Some(link);
         self.set_state(ViState::Connected);
+        self.nic.counters.add(Counter::Connects, 1);
         drop(s);
         self.bump();
     }
@@ -80,7 +82,18 @@ impl Vi {
                 let sent = st.session.send(OutMessage { kind, len, imm: wr.immediate, token });
                 let mut item = SendItem { desc, done: false, token, read: None, op, length: total };
                 match sent {
-                    Ok(msg) => item.read = read.map(|segs| (msg, segs)),
+                    Ok(msg) => {
+                        item.read = read.map(|segs| (msg, segs));
+                        let c = &self.nic.counters;
+                        match wr.op {
+                            Op::SendRecv => {
+                                c.add(Counter::MsgsSent, 1);
+                                c.add(Counter::BytesSent, total as u64);
+                            }
+                            Op::RdmaWrite => c.add(Counter::RdmaWrites, 1),
+                            Op::RdmaRead => c.add(Counter::RdmaReads, 1),
+                        }
+                    }
                     Err(e) => {
                         st.outbound.remove(&token);
                         let bits = if e == SendError::TooLarge { STATUS_LENGTH_ERROR } else { STATUS_TRANSPORT_ERROR };
@@ -166,6 +179,7 @@ impl Vi {
                             if !(attrs.rdma_write
                                 && local_allows(&rules, handle, at, data.len() as u64, REGION_RDMA_WRITE))
                             {
+                                self.nic.counters.add(Counter::RdmaRefused, 1);
                                 let answer = MsgKind::RdmaReadResponse { request: msg, status: STATUS_RDMA_PROT_ERROR };
                                 f.replies.push((answer, 0, Vec::new()));
                                 if reliable {
@@ -203,6 +217,7 @@ impl Vi {
                             let ok =
                                 attrs.rdma_read && local_allows(&rules, handle, addr, len as u64, REGION_RDMA_READ);
                             let status = if ok { 0 } else { STATUS_RDMA_PROT_ERROR };
+                            self.nic.counters.add(Counter::RdmaRefused, (!ok) as u64);
                             let gather = if ok { vec![(addr, len)] } else { Vec::new() };
                             f.replies.push((
                                 MsgKind::RdmaReadResponse { request: msg, status },
@@ -309,6 +324,8 @@ impl Vi {
                 None => {
                     if reliable {
                         f.close = Some(no_receive());
+                    } else {
+                        self.nic.counters.add(Counter::DroppedNoRecv, 1);
                     }
                     if !last {
                         r.dropping = Some(msg);
@@ -347,6 +364,8 @@ impl Vi {
             item.done = true;
             r.done += 1;
             r.inbound = None;
+            self.nic.counters.add(Counter::MsgsReceived, 1);
+            self.nic.counters.add(Counter::BytesReceived, total as u64);
             self.push_cq(true);
             f.woke = true;
         }

@@ -74,6 +74,8 @@ pub struct Nic {
     /// Pin registered memory (`VIA_PIN_MEMORY=1`).
     pub pin: bool,
     handler: Mutex<Option<ErrorHandler>>,
+    /// What this NIC sent, received and dropped.
+    pub counters: crate::counters::Counters,
     /// The UDP port of the network transport, opened at the first remote connection.
     net_port: std::sync::OnceLock<Arc<crate::net::NetPort>>,
     /// Set by `VipCloseNic`.
@@ -83,7 +85,12 @@ pub struct Nic {
 impl Nic {
     /// Opens a device by its VIA name (`/dev/via_lo`, `via_eth0`, ...).
     pub fn open(device: &str) -> ViaResult<(Handle, Arc<Nic>)> {
-        let (session, info) = viad::client::Session::open(device).map_err(|e| match e {
+        let counters = crate::counters::Counters::new(device.trim_start_matches("/dev/"));
+        let opened = match counters.page() {
+            Some(page) => viad::client::Session::open_with_stats(device, page.fd()),
+            None => viad::client::Session::open(device),
+        };
+        let (session, info) = opened.map_err(|e| match e {
             viad::client::AgentError::UnknownDevice(_) => ViaError::InvalidParameter,
             other => {
                 tracing::warn!("cannot open {device}: {other}");
@@ -109,6 +116,7 @@ impl Nic {
                     pin,
                     handler: Mutex::new(None),
                     net_port: std::sync::OnceLock::new(),
+                    counters,
                     closed: AtomicBool::new(false),
                 })
             })

@@ -8,6 +8,7 @@
 //! before `send`.
 
 use crate::connect::Conn;
+use crate::counters::Counter;
 use crate::cq::{Cq, CqEntry};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::Handle;
@@ -351,6 +352,7 @@ impl Vi {
         cma::allow_peer(conn.peer.pid as i32);
         s.conn = Some(conn.clone());
         self.set_state(ViState::Connected);
+        self.nic.counters.add(Counter::Connects, 1);
         drop(s);
         progress::watch(&conn, self.handle);
         self.bump();
@@ -407,6 +409,7 @@ impl Vi {
             }
         }
         self.set_state(ViState::Error);
+        self.nic.counters.add(Counter::Breaks, 1);
         if let Some(conn) = s.conn.take() {
             if let Some(code) = theirs {
                 conn.tell(crate::endpoint::PeerMessage::Break(code));
@@ -569,6 +572,10 @@ impl Vi {
             item.done = true;
             q.done += 1;
             rx.pop();
+            if status & STATUS_ERROR_MASK == 0 {
+                self.nic.counters.add(Counter::MsgsReceived, 1);
+                self.nic.counters.add(Counter::BytesReceived, length as u64);
+            }
         }
     }
 
@@ -788,6 +795,7 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                 return (STATUS_FORMAT_ERROR, 0, None);
             };
             if !remote_allows(conn, addr, handle, wr.total, true) {
+                conn.counters.add(Counter::RdmaRefused, 1);
                 let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
                 return (STATUS_RDMA_PROT_ERROR, 0, why);
             }
@@ -797,6 +805,8 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
             }
+            conn.counters.add(Counter::RdmaWrites, 1);
+            conn.counters.add(Counter::CmaCopies, (wr.total > 0) as u64);
             if wr.immediate.is_some() {
                 let (bits, _, why) = deliver(conn, wr, SLOT_RDMA_WRITE_IMM, reliable, level);
                 return (bits, total, why);
@@ -808,6 +818,7 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                 return (STATUS_FORMAT_ERROR, 0, None);
             };
             if !remote_allows(conn, addr, handle, wr.total, false) {
+                conn.counters.add(Counter::RdmaRefused, 1);
                 let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAR_PROT });
                 return (STATUS_RDMA_PROT_ERROR, 0, why);
             }
@@ -816,7 +827,9 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                 if cma::read_remote(conn.peer.pid as i32, &mut local_slices_mut(&wr.segs), &remote).is_err() {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
+                conn.counters.add(Counter::CmaCopies, 1);
             }
+            conn.counters.add(Counter::RdmaReads, 1);
             (0, total, None)
         }
     }
@@ -827,7 +840,10 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
     let total = wr.total;
     let entry = match conn.seg.peer_recvs().take() {
         Ok(Some(e)) => e,
-        Ok(None) if !reliable => return (0, total as u32, None), // unreliable: dropped
+        Ok(None) if !reliable => {
+            conn.counters.add(Counter::DroppedNoRecv, 1);
+            return (0, total as u32, None); // unreliable: dropped
+        }
         Ok(None) => return (STATUS_TRANSPORT_ERROR, 0, Some(NO_RECV)),
         Err(_) => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
     };
@@ -850,6 +866,7 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         }
     } else if kind == SLOT_SEND && total as usize <= inline_max() && level != SERVICE_RELIABLE_RECEPTION {
         hdr.flags |= FLAG_INLINE;
+        conn.counters.add(Counter::InlineSends, 1);
         // SAFETY: validated against the registry when posted.
         payload = wr
             .segs
@@ -858,6 +875,7 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
             .collect();
     } else if kind == SLOT_SEND && total > 0 {
         let remote: Vec<(u64, usize)> = entry.segs().iter().map(|s| (s.addr, s.len as usize)).collect();
+        conn.counters.add(Counter::CmaCopies, 1);
         match cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote) {
             Ok(n) if n as u64 == total => {}
             _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
@@ -868,6 +886,10 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
     }
     if conn.peer.recv_cq != NO_CQ {
         conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
+    }
+    if kind == SLOT_SEND && hdr.status == 0 {
+        conn.counters.add(Counter::MsgsSent, 1);
+        conn.counters.add(Counter::BytesSent, total);
     }
     result
 }

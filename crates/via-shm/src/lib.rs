@@ -22,6 +22,7 @@ mod layout;
 pub mod recv;
 pub mod region;
 pub mod ring;
+pub mod stats;
 
 pub use conn::{ConnSegment, Side, CONN_SEGMENT_BYTES, CONN_VERSION};
 pub use error::ShmError;

@@ -242,6 +242,8 @@ enum State {
 struct Client {
     fd: OwnedFd,
     state: State,
+    /// The transport counters a session's process publishes.
+    stats: Option<via_shm::stats::StatsView>,
 }
 
 struct Agent {
@@ -261,8 +263,11 @@ struct Agent {
     cm_port: u16,
 }
 
+/// Two host addresses name the same device: equal, or two addresses (say
+/// IPv4 and IPv6) of one local interface.
 fn same_host(a: &[u8], b: &[u8]) -> bool {
     device::canonical_host(a) == device::canonical_host(b)
+        || device::interface_of(a).is_some_and(|i| device::interface_of(b) == Some(i))
 }
 
 /// Whether listener `l` accepts connect request `c`.
@@ -376,7 +381,7 @@ impl Agent {
                     self.next_token += 1;
                     debug!(client = self.next_token, "connected");
                     let state = State::New;
-                    self.clients.insert(self.next_token, Client { fd, state });
+                    self.clients.insert(self.next_token, Client { fd, state, stats: None });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => return warn!("accept: {e}"),
@@ -453,7 +458,9 @@ impl Agent {
 
     fn handle(&mut self, token: u64, req: Request, mut fds: Vec<OwnedFd>) {
         let wants_fd = matches!(req, Request::Listen(_) | Request::Connect(_) | Request::PeerConnect(_));
-        if fds.len() != wants_fd as usize {
+        // A Hello may bring the process's counter page.
+        let may_fd = matches!(req, Request::Hello { .. });
+        if fds.len() != wants_fd as usize && !(may_fd && fds.len() <= 1) {
             return self.malformed(token, "wrong number of descriptors");
         }
         let kind = match &req {
@@ -464,7 +471,7 @@ impl Agent {
         self.next_seq += 1;
         let now = Instant::now();
         let waiter = match req {
-            Request::Hello { device } => return self.hello(token, &device),
+            Request::Hello { device } => return self.hello(token, &device, fds.pop()),
             Request::Stats => return self.finish(token, &Reply::Stats(self.counters())),
             Request::Stop => {
                 self.stop = true;
@@ -506,7 +513,7 @@ impl Agent {
         self.wait(token, waiter);
     }
 
-    fn hello(&mut self, token: u64, name: &str) {
+    fn hello(&mut self, token: u64, name: &str, stats: Option<OwnedFd>) {
         match device::resolve(name) {
             Ok(d) => {
                 let reply = Reply::Device {
@@ -519,6 +526,7 @@ impl Agent {
                 if self.send(token, &reply, &[]) {
                     if let Some(c) = self.clients.get_mut(&token) {
                         c.state = State::Session;
+                        c.stats = stats.and_then(|fd| via_shm::stats::StatsView::map(fd).ok());
                     }
                 }
             }
@@ -716,7 +724,21 @@ impl Agent {
         ]
         .into_iter()
         .map(|(n, v)| (n.to_string(), v))
+        .chain(self.process_counters())
         .collect()
+    }
+
+    /// The transport counters the processes of this host publish, as
+    /// `process.<pid>.<device>.<counter>`.
+    fn process_counters(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for snap in self.clients.values().filter_map(|c| c.stats.as_ref()?.snapshot()) {
+            let clean = |t: &str| t.chars().map(|c| if c.is_ascii_graphic() { c } else { '_' }).collect::<String>();
+            for (name, value) in snap.counters {
+                out.push((format!("process.{}.{}.{}", snap.pid, clean(&snap.label), clean(&name)), value));
+            }
+        }
+        out
     }
 
     // ---- across hosts -------------------------------------------------

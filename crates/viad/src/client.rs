@@ -78,7 +78,13 @@ impl Session {
     /// Opens a session for `device` with the agent named by the environment,
     /// starting the agent if none runs.
     pub fn open(device: &str) -> Result<(Session, DeviceInfo), AgentError> {
-        Agent::from_env().open_session(device)
+        Agent::from_env().open_session(device, None)
+    }
+
+    /// Opens a session and hands the agent the process's counter page
+    /// (`via_shm::stats`), which `viad --stats` then reports.
+    pub fn open_with_stats(device: &str, stats: BorrowedFd) -> Result<(Session, DeviceInfo), AgentError> {
+        Agent::from_env().open_session(device, Some(stats))
     }
 }
 
@@ -283,9 +289,10 @@ impl Agent {
     }
 
     /// Opens a session for `device`; see [`Session::open`].
-    pub fn open_session(&self, device: &str) -> Result<(Session, DeviceInfo), AgentError> {
+    pub fn open_session(&self, device: &str, stats: Option<BorrowedFd>) -> Result<(Session, DeviceInfo), AgentError> {
         let hello = ProtoRequest::Hello { device: device.to_string() };
-        let (conn, reply, _) = self.call(&hello, &[], Some(REPLY_GRACE), self.autostart)?;
+        let fds: Vec<BorrowedFd> = stats.into_iter().collect();
+        let (conn, reply, _) = self.call(&hello, &fds, Some(REPLY_GRACE), self.autostart)?;
         match reply {
             Reply::Device { name, interface, host_addr, host_addr6, mtu } => Ok((
                 Session { _conn: conn },

@@ -79,6 +79,15 @@ pub fn is_local(host: &[u8]) -> bool {
     }
 }
 
+/// The interface that owns a local host address (`lo` for loopback ones).
+pub fn interface_of(host: &[u8]) -> Option<String> {
+    let host = canonical_host(host);
+    if host == LOOPBACK || host == LOOPBACK6 {
+        return Some("lo".to_string());
+    }
+    interface_addrs().into_iter().find(|(_, a)| a[..] == *host).map(|(name, _)| name)
+}
+
 /// The form used to compare host addresses: every loopback IPv4 address is
 /// 127.0.0.1 and an IPv4-mapped IPv6 address is its IPv4 address.
 pub fn canonical_host(host: &[u8]) -> &[u8] {

@@ -139,17 +139,17 @@ fn request<'a>(local: &'a [u8], remote_host: &'a [u8], remote: &'a [u8], inbox: 
 #[test]
 fn devices_and_sessions() {
     let v = Viad::start("dev", &[]);
-    let (session, dev) = v.agent.open_session("/dev/via_lo").unwrap();
+    let (session, dev) = v.agent.open_session("/dev/via_lo", None).unwrap();
     assert_eq!((dev.name.as_str(), dev.interface.as_str()), ("via_lo", "lo"));
     assert_eq!((dev.host_addr, dev.mtu > 0), (LO.to_vec(), true));
     // Loopback's IPv6 address, when it has one.
     let lo6 = std::net::Ipv6Addr::LOCALHOST.octets().to_vec();
     assert!(dev.host_addr6.is_none() || dev.host_addr6 == Some(lo6));
-    let (session2, dev2) = v.agent.open_session("via_lo").unwrap();
+    let (session2, dev2) = v.agent.open_session("via_lo", None).unwrap();
     assert_eq!(dev2.name, "via_lo");
     assert_eq!(v.stat("sessions"), 2);
     for bad in ["via_bogus0", "/dev/via_", "eth0"] {
-        let err = v.agent.open_session(bad).unwrap_err();
+        let err = v.agent.open_session(bad, None).unwrap_err();
         assert!(matches!(err, AgentError::UnknownDevice(_)), "{bad}: {err:?}");
     }
     drop((session, session2));
@@ -337,7 +337,7 @@ fn stop_and_cli() {
 #[test]
 fn idle_timeout_exits_once_clients_are_gone() {
     let mut v = Viad::start("idle", &["--idle-timeout", "1"]);
-    let (session, _) = v.agent.open_session("via_lo").unwrap();
+    let (session, _) = v.agent.open_session("via_lo", None).unwrap();
     thread::sleep(Duration::from_millis(1500));
     assert!(v.child.try_wait().unwrap().is_none(), "exited with a session open");
     drop(session);
@@ -374,7 +374,7 @@ fn second_agent_on_a_taken_name_exits_quietly() {
 #[test]
 fn sigterm_exits_cleanly() {
     let mut v = Viad::start("term", &[]);
-    let (_session, _) = v.agent.open_session("via_lo").unwrap();
+    let (_session, _) = v.agent.open_session("via_lo", None).unwrap();
     assert_eq!(unsafe { libc::kill(v.child.id() as libc::pid_t, libc::SIGTERM) }, 0);
     assert!(v.await_exit(Duration::from_secs(5)).success());
 }
@@ -457,6 +457,25 @@ fn cm_port_survives_garbage_and_odd_messages() {
     v.await_stat("cm_malformed", malformed);
     assert!(v.stat("cm_requests_received") > 0);
     // The agent still serves its own host.
-    let (_session, dev) = v.agent.open_session("via_lo").unwrap();
+    let (_session, dev) = v.agent.open_session("via_lo", None).unwrap();
     assert_eq!(dev.name, "via_lo");
+}
+
+#[test]
+fn stats_report_the_counters_a_session_publishes() {
+    let v = Viad::start("pstats", &[]);
+    let page = via_shm::stats::StatsPage::create("via_lo", &["packets_sent", "malformed"]).unwrap();
+    page.add(0, 41);
+    page.add(1, 2);
+    let (session, _) = v.agent.open_session("via_lo", Some(page.fd())).unwrap();
+    page.add(0, 1);
+    let stats: std::collections::HashMap<String, u64> = v.agent.stats().unwrap().into_iter().collect();
+    let key = |c: &str| format!("process.{}.via_lo.{c}", std::process::id());
+    assert_eq!(stats.get(&key("packets_sent")), Some(&42));
+    assert_eq!(stats.get(&key("malformed")), Some(&2));
+    drop(session);
+    // Once the session is gone, so are its counters.
+    thread::sleep(Duration::from_millis(200));
+    let stats = v.agent.stats().unwrap();
+    assert!(!stats.iter().any(|(n, _)| n.starts_with("process.")));
 }

@@ -644,7 +644,7 @@ fn ipv6_across_hosts() {
     let b = NsAgent::start(&net.b, &env, &[]);
     assert_eq!(b.stat("cm_port"), 6197);
     let (a6, b6) = (v6(1), v6(2));
-    let (_, dev) = a.run(|agent| agent.open_session("via_veth0").unwrap());
+    let (_, dev) = a.run(|agent| agent.open_session("via_veth0", None).unwrap());
     assert_eq!(dev.host_addr, net.a4.to_vec());
     assert_eq!(dev.host_addr6, Some(a6.to_vec()));
 

@@ -233,6 +233,14 @@ pub unsafe extern "C" fn VipNSGetHostByName(
         need(name)?;
         need(addr)?;
         let name = CStr::from_ptr(name).to_str().map_err(|_| ViaError::NameService)?;
+        // An IPv6 literal needs room for 16 bytes: the caller says so in HostAddressLen.
+        if let Some(v6) = names::ipv6_literal(name) {
+            if (*addr).HostAddressLen < 16 || index != 0 {
+                return Err(ViaError::NameService);
+            }
+            write_host(addr, &v6);
+            return Ok(());
+        }
         let all = names::host_addresses(name)?;
         let host = all.get(index as usize).ok_or(ViaError::NameService)?;
         write_host(addr, host);

@@ -1,0 +1,185 @@
+//! A page of named counters that a process publishes and the host agent
+//! reads: the transport's counters, live, without any message passing.
+//!
+//! Layout: a header (magic, pid, count, label) and `count` entries of a
+//! NUL-padded name and a u64 value.  The owner only adds to values; the
+//! reader treats everything as untrusted and validates it.
+
+use crate::region::SharedRegion;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"VIASTAT1");
+const HEADER_BYTES: usize = 48;
+const LABEL_BYTES: usize = 32;
+/// Longest counter name.
+pub const NAME_BYTES: usize = 24;
+const ENTRY_BYTES: usize = NAME_BYTES + 8;
+/// Most counters a page holds.
+pub const MAX_COUNTERS: usize = 128;
+
+/// The owner's side: counters it adds to.
+pub struct StatsPage {
+    region: SharedRegion,
+    count: usize,
+}
+
+impl StatsPage {
+    /// A page labelled `label` (e.g. the device) with counters `names`.
+    pub fn create(label: &str, names: &[&str]) -> io::Result<StatsPage> {
+        if names.len() > MAX_COUNTERS || names.iter().any(|n| n.len() > NAME_BYTES) || label.len() > LABEL_BYTES {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many or too long counter names"));
+        }
+        let region = SharedRegion::create("openvia-stats", HEADER_BYTES + names.len() * ENTRY_BYTES)?;
+        let base = region.as_ptr();
+        // SAFETY: the region is at least this long and only ours so far.
+        unsafe {
+            std::ptr::copy_nonoverlapping(std::process::id().to_le_bytes().as_ptr(), base.add(8), 4);
+            std::ptr::copy_nonoverlapping((names.len() as u32).to_le_bytes().as_ptr(), base.add(12), 4);
+            std::ptr::copy_nonoverlapping(label.as_ptr(), base.add(16), label.len());
+            for (i, name) in names.iter().enumerate() {
+                std::ptr::copy_nonoverlapping(name.as_ptr(), base.add(HEADER_BYTES + i * ENTRY_BYTES), name.len());
+            }
+            (*(base as *const AtomicU64)).store(MAGIC, Ordering::Release);
+        }
+        Ok(StatsPage { region, count: names.len() })
+    }
+
+    fn value(&self, i: usize) -> Option<&AtomicU64> {
+        (i < self.count).then(|| {
+            // SAFETY: entry i is inside the region and 8-byte aligned.
+            unsafe { &*(self.region.as_ptr().add(HEADER_BYTES + i * ENTRY_BYTES + NAME_BYTES) as *const AtomicU64) }
+        })
+    }
+
+    /// Adds `n` to counter `i`.
+    pub fn add(&self, i: usize, n: u64) {
+        if let Some(v) = self.value(i) {
+            v.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The current value of counter `i`.
+    pub fn get(&self, i: usize) -> u64 {
+        self.value(i).map_or(0, |v| v.load(Ordering::Relaxed))
+    }
+
+    /// The page's descriptor, to hand to the reader.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.region.fd()
+    }
+}
+
+/// What a reader found in a page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The publishing process.
+    pub pid: u32,
+    /// The page's label.
+    pub label: String,
+    /// Counter names and values.
+    pub counters: Vec<(String, u64)>,
+}
+
+/// The reader's side: a read-only mapping of another process's page.
+pub struct StatsView {
+    ptr: *const u8,
+    len: usize,
+    _fd: OwnedFd,
+}
+
+// The mapping is read-only and only read with plain loads.
+unsafe impl Send for StatsView {}
+
+impl StatsView {
+    /// Maps a page received from another process.  The file must be sealed
+    /// against shrinking (pages made by [`StatsPage::create`] are).
+    pub fn map(fd: OwnedFd) -> io::Result<StatsView> {
+        // SAFETY: fcntl/fstat/mmap on an fd we own; results checked.
+        unsafe {
+            let seals = libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS);
+            if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "counter page not sealed"));
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let len = st.st_size as usize;
+            if !(HEADER_BYTES..=HEADER_BYTES + MAX_COUNTERS * ENTRY_BYTES).contains(&len) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "counter page of the wrong size"));
+            }
+            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0);
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(StatsView { ptr: p as *const u8, len, _fd: fd })
+        }
+    }
+
+    fn bytes(&self, at: usize, n: usize) -> &[u8] {
+        // SAFETY: callers stay within len (checked in snapshot).
+        unsafe { std::slice::from_raw_parts(self.ptr.add(at), n) }
+    }
+
+    /// Reads the page; `None` if it is not a valid page.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        let word = |at: usize| u64::from_le_bytes(self.bytes(at, 8).try_into().unwrap());
+        if word(0) != MAGIC {
+            return None;
+        }
+        let pid = u32::from_le_bytes(self.bytes(8, 4).try_into().unwrap());
+        let count = u32::from_le_bytes(self.bytes(12, 4).try_into().unwrap()) as usize;
+        if count > MAX_COUNTERS || HEADER_BYTES + count * ENTRY_BYTES > self.len {
+            return None;
+        }
+        let text = |b: &[u8]| String::from_utf8_lossy(b.split(|&c| c == 0).next().unwrap_or(&[])).into_owned();
+        let label = text(self.bytes(16, LABEL_BYTES));
+        let counters = (0..count)
+            .map(|i| {
+                let at = HEADER_BYTES + i * ENTRY_BYTES;
+                (text(self.bytes(at, NAME_BYTES)), word(at + NAME_BYTES))
+            })
+            .collect();
+        Some(Snapshot { pid, label, counters })
+    }
+}
+
+impl Drop for StatsView {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in map().
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_sees_the_owners_counters() {
+        let page = StatsPage::create("via_lo", &["sent", "received"]).unwrap();
+        page.add(0, 5);
+        page.add(1, 7);
+        page.add(1, 1);
+        page.add(9, 1); // out of range: ignored
+        let fd = page.fd().try_clone_to_owned().unwrap();
+        let view = StatsView::map(fd).unwrap();
+        let snap = view.snapshot().unwrap();
+        assert_eq!(snap.pid, std::process::id());
+        assert_eq!(snap.label, "via_lo");
+        assert_eq!(snap.counters, vec![("sent".to_string(), 5), ("received".to_string(), 8)]);
+        page.add(0, 1);
+        assert_eq!(view.snapshot().unwrap().counters[0].1, 6);
+    }
+
+    #[test]
+    fn bad_pages_are_refused() {
+        assert!(StatsPage::create("x", &["a-name-that-is-far-too-long-for-a-counter"]).is_err());
+        // An unsealed memfd is refused.
+        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        assert!(StatsView::map(fd).is_err());
+    }
+}
