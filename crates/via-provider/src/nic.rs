@@ -73,7 +73,9 @@ pub struct Nic {
     pub vi_count: AtomicUsize,
     /// Pin registered memory (`VIA_PIN_MEMORY=1`).
     pub pin: bool,
-    handler: Mutex<Option<ErrorHandler>>,
+    /// Held for reading while a handler runs, so that replacing it (or
+    /// closing the NIC) waits until no call of the old one is under way.
+    handler: parking_lot::RwLock<Option<ErrorHandler>>,
     /// What this NIC sent, received and dropped.
     pub counters: crate::counters::Counters,
     /// The UDP port of the network transport, opened at the first remote connection.
@@ -114,7 +116,7 @@ impl Nic {
                     ptag_count: AtomicUsize::new(0),
                     vi_count: AtomicUsize::new(0),
                     pin,
-                    handler: Mutex::new(None),
+                    handler: parking_lot::RwLock::new(None),
                     net_port: std::sync::OnceLock::new(),
                     counters,
                     closed: AtomicBool::new(false),
@@ -132,6 +134,8 @@ impl Nic {
     pub fn close(handle: Handle) -> ViaResult<()> {
         let nic = Nic::get(handle)?;
         nic.closed.store(true, Ordering::Release);
+        // Wait for a handler call under way; none starts after this.
+        nic.set_error_handler(None);
         let p = provider();
         for (h, vi) in p.vis.all() {
             if vi.nic.handle == handle {
@@ -230,14 +234,27 @@ impl Nic {
     }
 
     /// Installs (or with `None` removes) the asynchronous error handler.
+    /// Returns once no call of the previous handler is running, so that the
+    /// application may free what it gave the old one (unless called from
+    /// inside a handler, which would wait for itself).
     pub fn set_error_handler(&self, handler: Option<ErrorHandler>) {
-        *self.handler.lock() = handler;
+        if crate::progress::on_helper_thread() {
+            if let Some(mut h) = self.handler.try_write() {
+                *h = handler;
+            }
+            return;
+        }
+        *self.handler.write() = handler;
     }
 
-    /// Reports an asynchronous error to the handler, or logs it.
+    /// Reports an asynchronous error to the handler, or logs it.  Nothing
+    /// is reported once the NIC is closed.
     pub fn report(&self, event: ErrorEvent) {
-        let handler = self.handler.lock().clone();
-        match handler {
+        let handler = self.handler.read();
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        match &*handler {
             Some(h) => h(&event),
             None => tracing::warn!(?event, "asynchronous VIA error"),
         }

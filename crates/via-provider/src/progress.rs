@@ -117,6 +117,12 @@ pub fn kick_before(deadline: Instant) {
     }
 }
 
+/// True on the helper thread itself (where waiting for a callback to end
+/// would wait for ourselves).
+pub fn on_helper_thread() -> bool {
+    std::thread::current().name() == Some("via-progress")
+}
+
 /// Runs `job` on the helper thread (error callbacks).
 pub fn defer(job: Job) {
     let h = helper();
@@ -149,13 +155,7 @@ fn service_ports(h: &Helper) -> Option<std::time::Duration> {
 fn run(h: &'static Helper) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
-        // Session timers (delayed acknowledgements) need microseconds, not
-        // epoll_wait's milliseconds.
-        let timeout = service_ports(h)
-            .map(|d| libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long });
-        let ts = timeout.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: the buffer holds 64 events; ts is null or a valid timespec.
-        let n = unsafe { libc::epoll_pwait2(h.epoll.as_raw_fd(), events.as_mut_ptr(), 64, ts, std::ptr::null()) };
+        let n = wait(h, &mut events, service_ports(h));
         h.sleep_until.store(0, Ordering::Release);
         for ev in events.iter().take(n.max(0) as usize) {
             let token = ev.u64;
@@ -183,6 +183,28 @@ fn run(h: &'static Helper) {
             }
         }
     }
+}
+
+/// Sleeps in epoll until an event or the timeout.  Session timers (delayed
+/// acknowledgements) need microseconds: `epoll_pwait2` where the kernel has
+/// it, otherwise `epoll_wait` rounded up to whole milliseconds.
+fn wait(h: &Helper, events: &mut [libc::epoll_event], timeout: Option<std::time::Duration>) -> i32 {
+    static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let max = events.len() as i32;
+    if !NO_PWAIT2.load(Ordering::Relaxed) {
+        let ts = timeout
+            .map(|d| libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long });
+        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: the buffer holds `max` events; tsp is null or a valid timespec.
+        let n = unsafe { libc::epoll_pwait2(h.epoll.as_raw_fd(), events.as_mut_ptr(), max, tsp, std::ptr::null()) };
+        if n >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+            return n;
+        }
+        NO_PWAIT2.store(true, Ordering::Relaxed);
+    }
+    let ms = timeout.map_or(-1, |d| d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
+    // SAFETY: the buffer holds `max` events.
+    unsafe { libc::epoll_wait(h.epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) }
 }
 
 fn connection_event(h: &Helper, token: u64) {
