@@ -14,8 +14,13 @@ use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_reliable::{BreakReason, Event, MsgKind, OutMessage, SendError};
 
 /// What applying events asks of the session afterwards.
+/// How long an unreliable RDMA write waits for its answer once sent.
+const UNANSWERED_WRITE: std::time::Duration = std::time::Duration::from_millis(100);
+
 #[derive(Default)]
 struct Followup {
+    /// A timer to arm for an unanswered write.
+    deadline: Option<std::time::Instant>,
     replies: Vec<(MsgKind, u32, Gather)>,
     close: Option<Break>,
     lost: Option<u32>,
@@ -56,7 +61,7 @@ impl Vi {
                     _ => STATUS_OP_SEND,
                 };
                 desc.complete(op | bits, 0, None);
-                q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op, length: 0 });
+                q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op, length: 0, give_up: None });
                 if reliable(attrs.reliability) {
                     st.session.close(error_code::CONN_LOST);
                 }
@@ -80,7 +85,7 @@ impl Vi {
                 };
                 let token = st.remember(if wr.op == Op::RdmaRead { Vec::new() } else { gather });
                 let sent = st.session.send(OutMessage { kind, len, imm: wr.immediate, token });
-                let mut item = SendItem { desc, done: false, token, read: None, op, length: total };
+                let mut item = SendItem { desc, done: false, token, read: None, op, length: total, give_up: None };
                 match sent {
                     Ok(msg) => {
                         item.read = read.map(|segs| (msg, segs));
@@ -143,6 +148,32 @@ impl Vi {
         if !events.is_empty() {
             self.apply_net(&link, events);
         }
+        next.into_iter().chain(self.expire_unanswered(now)).min()
+    }
+
+    /// Completes unreliable RDMA writes whose answer did not come in time
+    /// (unreliable service reports no remote outcome); returns the next such deadline.
+    fn expire_unanswered(&self, now: std::time::Instant) -> Option<std::time::Instant> {
+        let mut s = self.send.lock();
+        let mut next: Option<std::time::Instant> = None;
+        for item in s.items.iter_mut().filter(|i| !i.done) {
+            match item.give_up {
+                Some(t) if t <= now => {
+                    item.desc.complete(item.op, item.length, None);
+                    item.done = true;
+                }
+                Some(t) => next = Some(next.map_or(t, |n| n.min(t))),
+                None => {}
+            }
+        }
+        let completed = s.advance();
+        drop(s);
+        for _ in 0..completed {
+            self.push_cq(false);
+        }
+        if completed > 0 {
+            self.bump();
+        }
         next
     }
 
@@ -161,10 +192,15 @@ impl Vi {
                 tracing::trace!(vi = self.handle, ?event, "session event");
                 match event {
                     Event::Sent { token } => {
-                        if let Some(item) = s.items.iter_mut().find(|i| !i.done && i.token == token && i.read.is_none())
-                        {
-                            item.desc.complete(item.op, item.length, None);
-                            item.done = true;
+                        if let Some(item) = s.items.iter_mut().find(|i| !i.done && i.token == token) {
+                            if item.read.is_none() {
+                                item.desc.complete(item.op, item.length, None);
+                                item.done = true;
+                            } else if !reliable && item.op == STATUS_OP_RDMA_WRITE {
+                                // The answer may be lost on an unreliable VI: do not wait for ever.
+                                item.give_up = Some(std::time::Instant::now() + UNANSWERED_WRITE);
+                                f.deadline = item.give_up;
+                            }
                         }
                     }
                     Event::Segment { kind, msg, offset, total, imm, first, last, data } => match kind {
@@ -269,6 +305,9 @@ impl Vi {
         }
         if f.woke {
             self.bump();
+        }
+        if let Some(t) = f.deadline {
+            progress::kick_before(t);
         }
         if !f.replies.is_empty() || f.close.is_some() {
             let mut more = Vec::new();

@@ -98,6 +98,9 @@ pub(crate) struct SendItem {
     /// `VIP_STATUS_OP_*` bits.
     pub op: u32,
     pub length: u32,
+    /// Unreliable RDMA write sent but not answered: completes by this time
+    /// even if the answer was lost.
+    pub give_up: Option<std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -688,7 +691,7 @@ impl Vi {
                 broken = why;
             }
         }
-        q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op: 0, length: 0 });
+        q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op: 0, length: 0, give_up: None });
         let completed = q.advance();
         drop(q);
         for _ in 0..completed {
