@@ -30,11 +30,14 @@ struct Followup {
 impl Vi {
     /// Completes a network connection.
     pub(crate) fn connected_net(self: &Arc<Self>, link: Arc<NetLink>) {
-        let _r = self.recv.lock();
+        let mut r = self.recv.lock();
         let mut s = self.send.lock();
         link.port.register(link.local_vi, Arc::downgrade(self));
         s.net = Some(link.clone());
         *self.net.lock() = Some(link);
+        // Nothing of an earlier connection's messages carries over.
+        r.inbound = None;
+        r.dropping = None;
         self.set_state(ViState::Connected);
         self.nic.counters.add(Counter::Connects, 1);
         drop(s);
@@ -212,16 +215,20 @@ impl Vi {
                                 continue; // refused earlier segment of this write
                             }
                             let at = addr.wrapping_add(offset as u64);
-                            if !(attrs.rdma_write
-                                && local_allows(&rules, handle, at, data.len() as u64, REGION_RDMA_WRITE))
-                            {
+                            // The whole write is checked with its first segment, so
+                            // that a refused write lands no byte at all.
+                            let allowed = |a: u64, n: u64| {
+                                attrs.rdma_write && local_allows(&rules, handle, a, n, REGION_RDMA_WRITE)
+                            };
+                            if !(first && !allowed(addr, total as u64)) && allowed(at, data.len() as u64) {
+                                // placed below
+                            } else {
+                                // Refused: the answer tells the initiator, which breaks
+                                // a reliable connection once it knows (the answer must
+                                // get there first).
                                 self.nic.counters.add(Counter::RdmaRefused, 1);
                                 let answer = MsgKind::RdmaReadResponse { request: msg, status: STATUS_RDMA_PROT_ERROR };
                                 f.replies.push((answer, 0, Vec::new()));
-                                if reliable {
-                                    f.close =
-                                        Some(Break { mine: error_code::RDMAW_PROT, theirs: error_code::RDMAW_PROT });
-                                }
                                 if !last {
                                     r.dropping = Some(msg);
                                 }
@@ -260,9 +267,6 @@ impl Vi {
                                 if ok { len } else { 0 },
                                 gather,
                             ));
-                            if !ok && reliable {
-                                f.close = Some(Break { mine: error_code::RDMAR_PROT, theirs: error_code::RDMAR_PROT });
-                            }
                         }
                         MsgKind::RdmaReadResponse { request, status } => {
                             let found = s
@@ -273,6 +277,15 @@ impl Vi {
                                 if status != 0 {
                                     item.desc.complete(item.op | STATUS_RDMA_PROT_ERROR, 0, None);
                                     item.done = true;
+                                    if reliable {
+                                        // The target refused: on a reliable VI the connection breaks.
+                                        let theirs = if item.op == STATUS_OP_RDMA_WRITE {
+                                            error_code::RDMAW_PROT
+                                        } else {
+                                            error_code::RDMAR_PROT
+                                        };
+                                        f.close = Some(Break { mine: error_code::CONN_LOST, theirs });
+                                    }
                                 } else if item.op == STATUS_OP_RDMA_WRITE {
                                     item.desc.complete(item.op, item.length, None);
                                     item.done = true;
@@ -317,10 +330,12 @@ impl Vi {
                     let token = st.remember(gather);
                     let _ = st.session.send(OutMessage { kind, len, imm: None, token });
                 }
+                // Answers go out before a BREAK that closes the session.
+                st.flush(link.peer, &link.port, &mut more);
                 if let Some(b) = f.close {
                     st.session.close(b.theirs);
+                    st.flush(link.peer, &link.port, &mut more);
                 }
-                st.flush(link.peer, &link.port, &mut more);
             }
             if let Some(b) = f.close {
                 self.net_lost(b.mine);

@@ -380,6 +380,8 @@ impl Vi {
         self.flush_sends(&mut s);
         self.drain(&mut r);
         self.flush(&mut r);
+        r.inbound = None;
+        r.dropping = None;
         // Wake a waiter asleep on the ring: there is nothing more to wait for.
         if let Some(seg) = r.seg.take() {
             seg.rx().wake();
@@ -426,6 +428,8 @@ impl Vi {
         self.flush_sends(&mut s);
         self.drain(&mut r);
         self.flush(&mut r);
+        r.inbound = None;
+        r.dropping = None;
         // Wake a waiter asleep on the ring: there is nothing more to wait for.
         if let Some(seg) = r.seg.take() {
             seg.rx().wake();

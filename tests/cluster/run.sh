@@ -1,0 +1,398 @@
+#!/bin/sh
+# openvia's multi-host tests, on hosts emulated by network namespaces
+# (tests/cluster/cluster.sh).
+#
+#   run.sh [CASE...]       run the named cases (default: all), in this order:
+#
+#   names            the name service: h2 from h1 and back, both directions
+#   acceptance-1500  tests/c/acceptance.c between two hosts, MTU 1500
+#   acceptance-9000  the same at MTU 9000
+#   ops-1500         tests/cluster/ops.c: every data operation, MTU 1500
+#   ops-9000         the same at MTU 9000
+#   alltoall         4 hosts on a bridge, a reliable VI between every pair
+#   cm-stats         `viad --stats` shows the connection managers at work
+#   peer-killed      a transfer whose peer process is SIGKILLed
+#   link-down        a transfer whose peer host loses its link
+#   bad-input        garbage, truncated, oversized, wrong-key and replayed
+#                    datagrams at a process in the middle of a transfer
+#
+# For each case a cluster comes up, the programs run on their hosts under
+# `timeout`, and the cluster goes down again (also on interruption).  Output:
+# a PASS, FAIL or SKIP line per case with its time, then
+# `cluster-tests: N passed, M failed, K skipped`; the exit status is non-zero
+# when a case failed.  Logs: build/cluster/logs/RUN/CASE.log.  Without root
+# or iproute2, or where network namespaces cannot be made, every case is
+# skipped, visibly.
+#
+# Environment: STAGE (the staged install, default build/stage), CC,
+# OVC_CFLAGS (default: C11, -O2 -g, -Wall -Wextra -Werror), OVC_RUN (the
+# cluster run id, default this shell's pid).
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+stage=${STAGE:-$top/build/stage}
+out=$top/build/cluster
+cluster=$here/cluster.sh
+cc=${CC:-cc}
+cflags=${OVC_CFLAGS:--std=c11 -O2 -g -Wall -Wextra -Werror -pthread}
+
+OVC_RUN=${OVC_RUN:-$$}
+logs=$out/logs/$OVC_RUN
+VIA_VIAD=$stage/bin/viad
+VIA_DEVICE=/dev/via_eth0
+export OVC_RUN VIA_VIAD VIA_DEVICE
+
+ALL_CASES="names acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input"
+
+# ------------------------------------------------------------------
+# Helpers for the cases
+
+cluster() {
+    sh "$cluster" "$@"
+}
+
+up() {
+    cluster up "$@" || return 1
+}
+
+# on HOST SECONDS CMD...: run CMD on HOST in the foreground.
+on() {
+    host=$1 secs=$2
+    shift 2
+    timeout -k 5 "$secs" sh "$cluster" exec "$host" "$@"
+}
+
+# spawn HOST LOG SECONDS CMD...: run CMD on HOST in the background, output
+# to LOG; $! is the pid of its `timeout` (the programs print their own pid).
+spawn() {
+    host=$1 log=$2 secs=$3
+    shift 3
+    timeout -k 5 "$secs" sh "$cluster" exec "$host" "$@" >"$log" 2>&1 &
+}
+
+# wait_for FILE PATTERN SECONDS
+wait_for() {
+    n=0
+    while ! grep -q "$2" "$1" 2>/dev/null; do
+        n=$((n + 1))
+        [ "$n" -gt $(($3 * 10)) ] && return 1
+        sleep 0.1
+    done
+}
+
+# show LOG...: the programs' output, into the case log.
+show() {
+    for f in "$@"; do
+        echo "---- $(basename "$f")"
+        cat "$f"
+    done
+}
+
+# expect WHAT WANT GOT: an exit status.
+expect() {
+    if [ "$2" = "$3" ]; then
+        return 0
+    fi
+    echo "$1: exit status $3, expected $2"
+    return 1
+}
+
+# counter HOST NAME: a counter of the host agent on HOST.
+counter() {
+    on "$1" 10 "$VIA_VIAD" --stats | awk -v n="$2" '$1 == n { print $2 }'
+}
+
+now_ms() {
+    echo $(($(date +%s%N) / 1000000))
+}
+
+# ------------------------------------------------------------------
+# The cases: each returns 0 (pass), 77 (skip) or anything else (fail).
+
+case_names() {
+    up 2 || return 1
+    a1=$(cluster addr 1)
+    a2=$(cluster addr 2)
+    on 1 30 "$out/names" h1 "h2=$a2" "h1=$a1" || return 1
+    on 2 30 "$out/names" h2 "h1=$a1" "h2=$a2" || return 1
+}
+
+# acceptance MTU
+case_acceptance() {
+    up 2 --mtu "$1" || return 1
+    spawn 1 "$logs/$tc.h1" 150 "$out/acceptance" server "$OVC_RUN"
+    server=$!
+    on 2 150 "$out/acceptance" client "$OVC_RUN" h1 >"$logs/$tc.h2" 2>&1
+    rc=$?
+    wait "$server"
+    src=$?
+    show "$logs/$tc.h1" "$logs/$tc.h2"
+    expect "acceptance server on h1" 0 "$src" || return 1
+    expect "acceptance client on h2" 0 "$rc"
+}
+
+# ops MTU
+case_ops() {
+    up 2 --mtu "$1" || return 1
+    spawn 1 "$logs/$tc.h1" 120 "$out/ops" server h2
+    server=$!
+    on 2 120 "$out/ops" client h1 >"$logs/$tc.h2" 2>&1
+    rc=$?
+    wait "$server"
+    src=$?
+    show "$logs/$tc.h1" "$logs/$tc.h2"
+    expect "ops server on h1" 0 "$src" || return 1
+    expect "ops client on h2" 0 "$rc"
+}
+
+case_alltoall() {
+    n=4
+    up "$n" --bridge || return 1
+    pids=
+    i=1
+    while [ "$i" -le "$n" ]; do
+        spawn "$i" "$logs/$tc.h$i" 90 "$out/alltoall" "$i" "$n" 400
+        pids="$pids $!"
+        i=$((i + 1))
+    done
+    ok=0
+    i=1
+    for p in $pids; do
+        wait "$p"
+        rc=$?
+        show "$logs/$tc.h$i"
+        expect "alltoall on h$i" 0 "$rc" || ok=1
+        i=$((i + 1))
+    done
+    return "$ok"
+}
+
+case_cm_stats() {
+    up 2 || return 1
+    spawn 1 "$logs/$tc.h1" 60 "$out/stream" server h2
+    server=$!
+    on 2 60 "$out/stream" client h1 --seconds 1 >"$logs/$tc.h2" 2>&1
+    rc=$?
+    wait "$server"
+    src=$?
+    show "$logs/$tc.h1" "$logs/$tc.h2"
+    expect "stream server on h1" 0 "$src" || return 1
+    expect "stream client on h2" 0 "$rc" || return 1
+    ok=0
+    for c in 1:cm_requests_received 1:cm_accepts 1:remote_listeners_matched 2:cm_requests_sent 2:cm_accepts; do
+        host=${c%%:*} name=${c#*:}
+        v=$(counter "$host" "$name")
+        echo "h$host $name ${v:-(missing)}"
+        if [ -z "$v" ] || [ "$v" -eq 0 ]; then
+            echo "h$host: $name should have moved"
+            ok=1
+        fi
+    done
+    return "$ok"
+}
+
+# fault kill|link: h2 runs the server, h1 the client; both expect the fault.
+case_fault() {
+    up 2 || return 1
+    spawn 2 "$logs/$tc.h2" 120 "$out/stream" server h1 --expect-fault
+    victim=$!
+    spawn 1 "$logs/$tc.h1" 120 "$out/stream" client h2 --expect-fault
+    survivor=$!
+    if ! wait_for "$logs/$tc.h1" streaming 30; then
+        echo "the transfer did not start"
+        kill "$victim" "$survivor" 2>/dev/null
+        wait
+        show "$logs/$tc.h1" "$logs/$tc.h2"
+        return 1
+    fi
+    sleep 0.3
+    t0=$(now_ms)
+    if [ "$1" = kill ]; then
+        pid=$(sed -n 's/^pid //p' "$logs/$tc.h2")
+        echo "SIGKILL to the server on h2 (pid $pid)"
+        kill -9 "$pid"
+    else
+        echo "h2: link down"
+        cluster link 2 down
+    fi
+    wait "$survivor"
+    rc=$?
+    echo "client on h1 ended $(($(now_ms) - t0)) ms after the fault"
+    wait "$victim"
+    vrc=$?
+    show "$logs/$tc.h1" "$logs/$tc.h2"
+    expect "stream client on h1" 0 "$rc" || return 1
+    if [ "$1" = kill ]; then
+        expect "stream server on h2 (killed)" 137 "$vrc"
+    else
+        expect "stream server on h2" 0 "$vrc"
+    fi
+}
+
+case_bad_input() {
+    if ! command -v python3 >/dev/null 2>&1; then
+        echo "no python3"
+        return 77
+    fi
+    up 2 || return 1
+    spawn 2 "$logs/$tc.h2" 90 "$out/stream" server h1
+    victim=$!
+    spawn 1 "$logs/$tc.h1" 90 "$out/stream" client h2 --seconds 10
+    client=$!
+    irc=1
+    if wait_for "$logs/$tc.h2" streaming 30; then
+        pid=$(sed -n 's/^pid //p' "$logs/$tc.h2")
+        on 2 60 python3 "$here/inject.py" --pid "$pid" --seconds 6 --cm >"$logs/$tc.inject" 2>&1
+        irc=$?
+    else
+        echo "the transfer did not start"
+    fi
+    wait "$client"
+    crc=$?
+    wait "$victim"
+    vrc=$?
+    show "$logs/$tc.inject" "$logs/$tc.h2" "$logs/$tc.h1"
+    expect "inject.py on h2" 0 "$irc" || return 1
+    expect "stream server on h2" 0 "$vrc" || return 1
+    expect "stream client on h1" 0 "$crc" || return 1
+    # The agent counted the garbage on its CM port and still works.
+    v=$(counter 2 cm_malformed)
+    echo "h2 cm_malformed ${v:-(missing)}"
+    [ -n "$v" ] && [ "$v" -gt 0 ]
+}
+
+run_one() {
+    case $1 in
+    names) case_names ;;
+    acceptance-1500) case_acceptance 1500 ;;
+    acceptance-9000) case_acceptance 9000 ;;
+    ops-1500) case_ops 1500 ;;
+    ops-9000) case_ops 9000 ;;
+    alltoall) case_alltoall ;;
+    cm-stats) case_cm_stats ;;
+    peer-killed) case_fault kill ;;
+    link-down) case_fault link ;;
+    bad-input) case_bad_input ;;
+    *)
+        echo "no case '$1' (cases: $ALL_CASES)"
+        return 1
+        ;;
+    esac
+}
+
+# ------------------------------------------------------------------
+# Build, then run
+
+build() {
+    pc_env="PKG_CONFIG_PATH=$stage/lib/pkgconfig PKG_CONFIG_LIBDIR=$stage/lib/pkgconfig"
+    # shellcheck disable=SC2086 # pc_env is two assignments
+    vcflags=$(env $pc_env pkg-config --cflags vipl) || return 1
+    # shellcheck disable=SC2086
+    vlibs=$(env $pc_env pkg-config --libs vipl) || return 1
+    for p in ops alltoall stream names acceptance; do
+        src=$here/$p.c
+        [ "$p" = acceptance ] && src=$top/tests/c/acceptance.c
+        echo "CC $p"
+        # A new file renamed into place: a concurrent run may be executing the old one.
+        # shellcheck disable=SC2086 # flag lists
+        $cc $cflags $vcflags -o "$out/$p.new.$$" "$src" $vlibs || return 1
+        mv -f "$out/$p.new.$$" "$out/$p" || return 1
+    done
+}
+
+# skip_all REASON: every case skipped.
+skip_all() {
+    for c in $cases; do
+        printf 'SKIP %-16s %6d ms (%s)\n' "$c" 0 "$1"
+        skipped=$((skipped + 1))
+    done
+    echo "cluster-tests: 0 passed, 0 failed, $skipped skipped"
+    exit 0
+}
+
+cases=${*:-$ALL_CASES}
+passed=0
+failed=0
+skipped=0
+failures=
+
+probe=$(cluster down 2>&1)
+case $probe in
+*skipped*)
+    echo "$probe"
+    skip_all "needs root and iproute2"
+    ;;
+esac
+# Root may still be denied namespaces (a container without CAP_SYS_ADMIN).
+if ! probe=$(cluster up 2 2>&1); then
+    cluster down >/dev/null 2>&1
+    echo "cluster: skipped: cannot make network namespaces here: $(echo "$probe" | tail -n 1)"
+    skip_all "no network namespaces"
+fi
+cluster down >/dev/null 2>&1
+
+mkdir -p "$out" "$logs"
+# Logs of runs more than a day old go.
+find "$out/logs" -mindepth 1 -maxdepth 1 -type d -mtime +0 -exec rm -rf {} + 2>/dev/null
+
+if [ ! -x "$VIA_VIAD" ]; then
+    echo "cluster-tests: no staged install in $stage (make stage)"
+    exit 1
+fi
+if ! build; then
+    echo "cluster-tests: build failed"
+    exit 1
+fi
+
+# The case runs in the background so that a signal is handled at once: the
+# case's shell is stopped and the cluster (with whatever runs on it) removed.
+casepid=
+on_signal() {
+    [ -n "$casepid" ] && kill "$casepid" 2>/dev/null
+    cluster down >/dev/null 2>&1
+    echo "cluster-tests: interrupted"
+    exit 130
+}
+trap 'cluster down >/dev/null 2>&1' EXIT
+trap on_signal INT TERM
+
+echo "cluster run $OVC_RUN; logs in $logs"
+for tc in $cases; do
+    log=$logs/$tc.log
+    start=$(now_ms)
+    (run_one "$tc") >"$log" 2>&1 &
+    casepid=$!
+    wait "$casepid"
+    rc=$?
+    casepid=
+    cluster down >>"$log" 2>&1
+    ms=$(($(now_ms) - start))
+    if [ "$rc" -eq 0 ]; then
+        passed=$((passed + 1))
+        printf 'PASS %-16s %6d ms\n' "$tc" "$ms"
+    elif [ "$rc" -eq 77 ]; then
+        skipped=$((skipped + 1))
+        printf 'SKIP %-16s %6d ms (%s)\n' "$tc" "$ms" "$(tail -n 1 "$log")"
+    else
+        failed=$((failed + 1))
+        failures="$failures $tc"
+        why="exit status $rc"
+        [ "$rc" -eq 124 ] && why="timed out"
+        printf 'FAIL %-16s %6d ms (%s)\n' "$tc" "$ms" "$why"
+        # Each distinct finding once (both ends of a connection report some).
+        grep '^FAIL' "$log" | sed 's/^FAIL \[[^]]*\] //' | awk '!seen[$0]++' >"$log.fails"
+        echo "---- $log: $(wc -l <"$log.fails") distinct FAIL lines (the first 12), then its last 10 lines"
+        head -n 12 "$log.fails"
+        echo "...."
+        tail -n 10 "$log"
+        echo "----"
+    fi
+done
+
+echo
+if [ "$failed" -ne 0 ]; then
+    echo "failed:$failures"
+fi
+echo "cluster-tests: $passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
