@@ -62,6 +62,11 @@ host_addr() {
     echo "$subnet.$1"
 }
 
+# The IPv6 address of host I (a unique local prefix per run).
+host_addr6() {
+    echo "fd77:$((16 + run % 200))::$1"
+}
+
 # The namespaces of this run, switch included.
 run_namespaces() {
     ip netns list 2>/dev/null | awk -v p="$prefix-" 'index($1, p) == 1 { print $1 }'
@@ -180,6 +185,7 @@ cmd_up() {
         ns=$(host_ns "$i")
         ip -n "$ns" link set eth0 mtu "$mtu"
         ip -n "$ns" addr add "$(host_addr "$i")/24" dev eth0
+        ip -n "$ns" addr add "$(host_addr6 "$i")/64" dev eth0 nodad
         ip -n "$ns" link set eth0 up
         i=$((i + 1))
     done
@@ -225,6 +231,7 @@ ns)
     host_ns "$1"
     ;;
 addr) host_addr "$1" ;;
+addr6) host_addr6 "$1" ;;
 hosts) run_namespaces ;;
 *) usage ;;
 esac

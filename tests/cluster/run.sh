@@ -43,7 +43,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -116,6 +116,22 @@ case_names() {
     a2=$(cluster addr 2)
     on 1 30 "$out/names" h1 "h2=$a2" "h1=$a1" || return 1
     on 2 30 "$out/names" h2 "h1=$a1" "h2=$a2" || return 1
+}
+
+# The pingpong example between two hosts named by IPv6 address.
+case_ipv6() {
+    up 2 || return 1
+    a6=$(cluster addr6 1)
+    spawn 1 "$logs/$tc.h1" 60 "$out/pingpong" server
+    server=$!
+    on 2 60 "$out/pingpong" client "$a6" >"$logs/$tc.h2" 2>&1
+    rc=$?
+    wait "$server"
+    src=$?
+    show "$logs/$tc.h1" "$logs/$tc.h2"
+    expect "pingpong server on h1" 0 "$src" || return 1
+    expect "pingpong client on h2 to $a6" 0 "$rc" || return 1
+    grep -q "round trips" "$logs/$tc.h2"
 }
 
 # acceptance MTU
@@ -265,6 +281,7 @@ case_bad_input() {
 run_one() {
     case $1 in
     names) case_names ;;
+    ipv6) case_ipv6 ;;
     acceptance-1500) case_acceptance 1500 ;;
     acceptance-9000) case_acceptance 9000 ;;
     ops-1500) case_ops 1500 ;;
@@ -290,9 +307,10 @@ build() {
     vcflags=$(env $pc_env pkg-config --cflags vipl) || return 1
     # shellcheck disable=SC2086
     vlibs=$(env $pc_env pkg-config --libs vipl) || return 1
-    for p in ops alltoall stream names acceptance; do
+    for p in ops alltoall stream names acceptance pingpong; do
         src=$here/$p.c
         [ "$p" = acceptance ] && src=$top/tests/c/acceptance.c
+        [ "$p" = pingpong ] && src=$top/examples/pingpong.c
         echo "CC $p"
         # A new file renamed into place: a concurrent run may be executing the old one.
         # shellcheck disable=SC2086 # flag lists
