@@ -7,6 +7,8 @@
 #   make test-c-asan          the same programs with AddressSanitizer and UBSan
 #   make test-c-valgrind      api_errors, memory and sendrecv under valgrind
 #   make example              build and run examples/pingpong against the stage
+#   make bench                viabench against the floors and other stacks
+#                             (bench/compare; writes bench/report.md)
 #   make test-cluster         stage an install, run the multi-host tests on hosts
 #                             emulated by network namespaces (tests/cluster/run.sh;
 #                             needs root and iproute2, else every case is skipped)
@@ -167,3 +169,11 @@ example: setup stage
 
 clean:
 	rm -rf $(BUILD)
+
+# ------------------------------------------------------------------
+# Benchmark: viabench against the floors and other stacks; writes
+# bench/report.md (BENCH_ARGS=--quick for a run of seconds).
+
+.PHONY: bench
+bench:
+	bash bench/compare $(BENCH_ARGS)
