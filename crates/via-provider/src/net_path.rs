@@ -220,9 +220,8 @@ impl Vi {
                             let allowed = |a: u64, n: u64| {
                                 attrs.rdma_write && local_allows(&rules, handle, a, n, REGION_RDMA_WRITE)
                             };
-                            if !(first && !allowed(addr, total as u64)) && allowed(at, data.len() as u64) {
-                                // placed below
-                            } else {
+                            let refused = (first && !allowed(addr, total as u64)) || !allowed(at, data.len() as u64);
+                            if refused {
                                 // Refused: the answer tells the initiator, which breaks
                                 // a reliable connection once it knows (the answer must
                                 // get there first).

@@ -881,7 +881,18 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
             .map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
             .collect();
     } else if kind == SLOT_SEND && total > 0 {
-        let remote: Vec<(u64, usize)> = entry.segs().iter().map(|s| (s.addr, s.len as usize)).collect();
+        // Only as much of the receive buffers as the message fills: the kernel
+        // pins every page of the remote ranges it is given.
+        let mut left = total;
+        let remote: Vec<(u64, usize)> = entry
+            .segs()
+            .iter()
+            .map_while(|s| {
+                let n = (s.len as u64).min(left);
+                left -= n;
+                (n > 0).then_some((s.addr, n as usize))
+            })
+            .collect();
         conn.counters.add(Counter::CmaCopies, 1);
         match cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote) {
             Ok(n) if n as u64 == total => {}

@@ -1,0 +1,281 @@
+//! Micro-benchmarks of single VIPL calls on the data path, through the C
+//! ABI: posting and completing a send on a connected loopback pair, polling
+//! an empty receive queue, polling an empty CQ with 1 and 128 VIs attached,
+//! and registering memory.
+//!
+//! `cargo bench -p viabench --bench vipl`.  The host agent is started on
+//! demand (`target/release/viad`, or `$VIA_VIAD`) under a socket name of
+//! this run's own.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+use viabench::link::Mapping;
+use viabench::vipl_api::*;
+
+/// Handles as integers, to cross into the accepting thread.
+#[derive(Clone, Copy)]
+struct H(usize);
+
+impl H {
+    fn p(self) -> VIP_PVOID {
+        self.0 as VIP_PVOID
+    }
+}
+
+fn ok(call: &'static str, rc: VIP_RETURN) {
+    check(call, rc).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// One side: a NIC, a tag, registered memory for descriptors and buffers.
+struct Side {
+    nic: VIP_PVOID,
+    ptag: VIP_PVOID,
+    mem: Mapping,
+    mh: VIP_MEM_HANDLE,
+    addr: Vec<u8>,
+}
+
+impl Side {
+    fn open(bytes: usize) -> Side {
+        let mut nic = std::ptr::null_mut();
+        let mut ptag = std::ptr::null_mut();
+        // SAFETY: valid name and out-pointers.
+        unsafe {
+            ok("VipOpenNic", VipOpenNic(c"/dev/via_lo".as_ptr(), &mut nic));
+            ok("VipCreatePtag", VipCreatePtag(nic, &mut ptag));
+        }
+        let mem = Mapping::new(bytes).unwrap();
+        let mut mh = 0;
+        let attrs = VIP_MEM_ATTRIBUTES { Ptag: ptag, EnableRdmaWrite: 0, EnableRdmaRead: 0 };
+        // SAFETY: our mapping, valid out-pointer.
+        unsafe { ok("VipRegisterMem", VipRegisterMem(nic, mem.ptr() as VIP_PVOID, mem.len() as _, &attrs, &mut mh)) };
+        let addr = nic_address(nic).unwrap();
+        Side { nic, ptag, mem, mh, addr }
+    }
+
+    fn vi(&self, cq: VIP_PVOID) -> VIP_PVOID {
+        let attrs = VIP_VI_ATTRIBUTES {
+            ReliabilityLevel: VIP_SERVICE_RELIABLE_DELIVERY,
+            MaxTransferSize: 4096,
+            QoS: std::ptr::null_mut(),
+            Ptag: self.ptag,
+            EnableRdmaWrite: 0,
+            EnableRdmaRead: 0,
+        };
+        let mut vi = std::ptr::null_mut();
+        // SAFETY: valid attributes and out-pointer.
+        unsafe { ok("VipCreateVi", VipCreateVi(self.nic, &attrs, std::ptr::null_mut(), cq, &mut vi)) };
+        vi
+    }
+
+    /// Descriptor `i` of the region (64 bytes each from the start).
+    fn desc(&self, i: usize) -> *mut Descriptor {
+        assert!((i + 1) * 64 <= self.mem.len() / 2);
+        // SAFETY: inside the mapping.
+        unsafe { (self.mem.ptr() as *mut Descriptor).add(i) }
+    }
+
+    /// A buffer in the second half of the region.
+    fn buf(&self) -> u64 {
+        self.mem.ptr() as u64 + (self.mem.len() / 2) as u64
+    }
+
+    fn post_recv(&self, vi: VIP_PVOID, i: usize) {
+        let d = self.desc(i);
+        let mut desc = Descriptor::default();
+        desc.cs.seg_count = 1;
+        desc.ds[0] = DataSegment { data: self.buf(), handle: self.mh, length: 4096 };
+        // SAFETY: a descriptor of our registered region, not posted.
+        unsafe {
+            std::ptr::write(d, desc);
+            ok("VipPostRecv", VipPostRecv(vi, d, self.mh));
+        }
+    }
+}
+
+/// Connects `server[i]` with `client[i]` for every i: the server side waits
+/// in a thread of its own.
+fn connect(server: &Side, server_vis: &[VIP_PVOID], client: &Side, client_vis: &[VIP_PVOID], tag: &str) {
+    let nic = H(server.nic as usize);
+    let vis: Vec<H> = server_vis.iter().map(|v| H(*v as usize)).collect();
+    let addr = server.addr.clone();
+    let tag2 = tag.to_string();
+    let waiter = std::thread::spawn(move || {
+        for (i, vi) in vis.iter().enumerate() {
+            let local = NetAddress::new(&addr, format!("{tag2}-{i}").as_bytes());
+            let mut remote = NetAddress::empty();
+            // SAFETY: plain data the provider fills.
+            let mut attrs: VIP_VI_ATTRIBUTES = unsafe { std::mem::zeroed() };
+            let mut conn = std::ptr::null_mut();
+            // SAFETY: valid addresses and out-pointers.
+            unsafe {
+                ok(
+                    "VipConnectWait",
+                    VipConnectWait(nic.p(), local.as_ptr(), 30_000, remote.as_mut_ptr(), &mut attrs, &mut conn),
+                );
+                ok("VipConnectAccept", VipConnectAccept(conn, vi.p()));
+            }
+        }
+    });
+    for (i, vi) in client_vis.iter().enumerate() {
+        let disc = format!("{tag}-{i}");
+        let local = NetAddress::new(&client.addr, disc.as_bytes());
+        let remote = NetAddress::new(&server.addr, disc.as_bytes());
+        // SAFETY: plain data the provider fills.
+        let mut attrs: VIP_VI_ATTRIBUTES = unsafe { std::mem::zeroed() };
+        // SAFETY: valid addresses and out-pointer.
+        unsafe { ok("VipConnectRequest", VipConnectRequest(*vi, local.as_ptr(), remote.as_ptr(), 30_000, &mut attrs)) };
+    }
+    waiter.join().unwrap();
+}
+
+fn environment() {
+    let run = format!("viabench-bench-{}", std::process::id());
+    std::env::set_var("VIA_AGENT_SOCKET", &run);
+    std::env::set_var("VIA_VIAD_IDLE", "2");
+    std::env::set_var("VIA_CM_PORT", "0");
+}
+
+fn send_path(c: &mut Criterion) {
+    let rx = Side::open(1 << 20);
+    let tx = Side::open(1 << 20);
+    let (rvi, tvi) = (rx.vi(std::ptr::null_mut()), tx.vi(std::ptr::null_mut()));
+    const BATCH: usize = 256;
+    for i in 0..BATCH {
+        rx.post_recv(rvi, i);
+    }
+    connect(&rx, &[rvi], &tx, &[tvi], "send");
+    let d = tx.desc(0);
+    let mut desc = Descriptor::default();
+    desc.cs.seg_count = 1;
+    desc.cs.length = 4;
+    desc.ds[0] = DataSegment { data: tx.buf(), handle: tx.mh, length: 4 };
+    let recycle = || {
+        let mut done: *mut Descriptor = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; completed receives are reposted as they were.
+        unsafe {
+            while VipRecvDone(rvi, &mut done) == VIP_SUCCESS {
+                let i = (done as usize - rx.mem.ptr() as usize) / 64;
+                rx.post_recv(rvi, i);
+            }
+        }
+    };
+    c.bench_function("VipPostSend+VipSendDone 4B shm", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(BATCH as u64);
+                recycle();
+                let start = Instant::now();
+                for _ in 0..n {
+                    let mut done: *mut Descriptor = std::ptr::null_mut();
+                    // SAFETY: a descriptor of registered memory, reused once completed.
+                    unsafe {
+                        std::ptr::write(d, desc);
+                        ok("VipPostSend", VipPostSend(tvi, d, tx.mh));
+                        ok("VipSendDone", VipSendDone(tvi, &mut done));
+                    }
+                    black_box(done);
+                }
+                total += start.elapsed();
+                left -= n;
+            }
+            recycle();
+            total
+        })
+    });
+    c.bench_function("VipRecvDone empty queue", |b| {
+        b.iter(|| {
+            let mut done: *mut Descriptor = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            black_box(unsafe { VipRecvDone(rvi, &mut done) })
+        })
+    });
+    // SAFETY: our VIs, connected above.
+    unsafe {
+        VipDisconnect(tvi);
+        VipDisconnect(rvi);
+        VipDestroyVi(tvi);
+        VipDestroyVi(rvi);
+        VipCloseNic(tx.nic);
+        VipCloseNic(rx.nic);
+    }
+}
+
+fn cq_poll(c: &mut Criterion) {
+    for n in [1usize, 128] {
+        let rx = Side::open(1 << 20);
+        let tx = Side::open(1 << 20);
+        let mut cq = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { ok("VipCreateCQ", VipCreateCQ(rx.nic, 4096, &mut cq)) };
+        let rvis: Vec<VIP_PVOID> = (0..n).map(|_| rx.vi(cq)).collect();
+        let tvis: Vec<VIP_PVOID> = (0..n).map(|_| tx.vi(std::ptr::null_mut())).collect();
+        for (i, vi) in rvis.iter().enumerate() {
+            rx.post_recv(*vi, i);
+        }
+        connect(&rx, &rvis, &tx, &tvis, &format!("cq{n}"));
+        c.bench_function(&format!("VipCQDone empty CQ, {n} VIs attached"), |b| {
+            b.iter(|| {
+                let mut vi = std::ptr::null_mut();
+                let mut recv = 0;
+                // SAFETY: valid out-pointers.
+                black_box(unsafe { VipCQDone(cq, &mut vi, &mut recv) })
+            })
+        });
+        // SAFETY: our objects.
+        unsafe {
+            for vi in tvis.iter().chain(rvis.iter()) {
+                VipDisconnect(*vi);
+                VipDestroyVi(*vi);
+            }
+            VipDestroyCQ(cq);
+            VipCloseNic(tx.nic);
+            VipCloseNic(rx.nic);
+        }
+    }
+}
+
+fn registration(c: &mut Criterion) {
+    let side = Side::open(4096);
+    for (name, len) in [("4 KiB", 4096usize), ("1 MiB", 1 << 20)] {
+        let mem = Mapping::new(len).unwrap();
+        let attrs = VIP_MEM_ATTRIBUTES { Ptag: side.ptag, EnableRdmaWrite: 0, EnableRdmaRead: 0 };
+        c.bench_function(&format!("VipRegisterMem+VipDeregisterMem {name}"), |b| {
+            b.iter_batched(
+                || (),
+                |_| {
+                    let mut mh = 0;
+                    // SAFETY: our mapping; registered and deregistered again.
+                    unsafe {
+                        ok(
+                            "VipRegisterMem",
+                            VipRegisterMem(side.nic, mem.ptr() as VIP_PVOID, len as _, &attrs, &mut mh),
+                        );
+                        ok("VipDeregisterMem", VipDeregisterMem(side.nic, mem.ptr() as VIP_PVOID, mh));
+                    }
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    // SAFETY: our NIC.
+    unsafe { VipCloseNic(side.nic) };
+}
+
+fn config() -> Criterion {
+    environment();
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = send_path, cq_poll, registration
+}
+criterion_main!(benches);

@@ -1,0 +1,271 @@
+//! The transports under test, behind one interface that the NetPIPE driver
+//! ([`crate::driver`]) times.
+//!
+//! A link moves blocks between two fixed sets of buffers: each side sends
+//! from three prepared buffers (the first iteration's, the middle ones', the
+//! last one's, each with its own data pattern) and receives into memory it
+//! keeps until the block is checked.
+
+pub mod raw_shm;
+pub mod raw_udp;
+pub mod tcp;
+pub mod via;
+
+use crate::error::{Error, Result};
+use crate::pattern::Which;
+use crate::proto::{Mode, PeerInfo, ServerInfo, TestSpec};
+use serde::Serialize;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// Which end of the connection a process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Drives the test and takes the time.
+    Client,
+    /// Answers.
+    Server,
+}
+
+impl Side {
+    /// The direction of the blocks this side sends (0: client to server).
+    pub fn dir(self) -> u8 {
+        match self {
+            Side::Client => 0,
+            Side::Server => 1,
+        }
+    }
+}
+
+/// Counters a link keeps about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LinkStats {
+    /// Messages (chunks or datagrams) sent.
+    pub messages: u64,
+    /// Flow-control continue messages sent.
+    pub continues: u64,
+    /// Times a sender waited for credits.
+    pub stalls: u64,
+}
+
+/// A data path under test.
+pub trait Link {
+    /// Fills the three send buffers with `len` bytes of the patterns `seeds`
+    /// (first, middle, last).  All earlier sends must have completed.
+    fn prepare(&mut self, len: usize, seeds: [u64; 3]) -> Result<()>;
+    /// Sends a block of `len` bytes from buffer `which`.
+    fn send(&mut self, which: Which, len: usize) -> Result<()>;
+    /// Receives a block of `len` bytes; with `keep` it stays available for
+    /// [`Link::verify`] until the next kept block.
+    fn recv(&mut self, len: usize, keep: bool) -> Result<()>;
+    /// Checks the kept block against the pattern of `seed`.
+    fn verify(&self, seed: u64, len: usize) -> Result<()>;
+    /// Waits until every send has completed (end of a run, not timed).
+    fn finish(&mut self) -> Result<()>;
+    /// Chooses the VI for the next blocks (round-robin over several VIs).
+    fn select(&mut self, _vi: usize) {}
+    /// How many VIs the link drives.
+    fn vis(&self) -> usize {
+        1
+    }
+    /// Counters.
+    fn stats(&self) -> LinkStats {
+        LinkStats::default()
+    }
+    /// Tears the link down.
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The server's half-made link: `Ready` has to go out before the client
+/// can connect to it.
+pub trait Pending {
+    /// What the client needs to connect.
+    fn info(&self) -> ServerInfo;
+    /// Accepts the client's connection (blocks until it comes).
+    fn accept(self: Box<Self>) -> Result<Box<dyn LinkServer>>;
+}
+
+/// A server link that still needs what the client sent in `Peer`.
+pub trait LinkServer {
+    /// Completes the link.
+    fn complete(self: Box<Self>, peer: &PeerInfo, peer_ip: IpAddr) -> Result<Box<dyn Link>>;
+}
+
+/// Sets up the server's side of `spec`.  `local_ip` is the address the
+/// client reached the control port on; `device` the VIA device to open.
+pub fn server_setup(spec: &TestSpec, device: &str, local_ip: IpAddr) -> Result<Box<dyn Pending>> {
+    match spec.mode {
+        Mode::ViaSend | Mode::ViaRdma => Ok(Box::new(via::ViaLink::open(spec, device, Side::Server)?)),
+        Mode::Tcp => Ok(Box::new(tcp::TcpPending::listen(spec, local_ip)?)),
+        Mode::RawShm => Ok(Box::new(raw_shm::ShmLink::create(spec)?)),
+        Mode::RawUdp => Ok(Box::new(raw_udp::UdpLink::bind(spec, local_ip, Side::Server)?)),
+    }
+}
+
+/// Sets up and connects the client's side of `spec` to a server that
+/// answered `info` from `server_ip`; returns the link and what the server
+/// needs to complete its side.
+pub fn client_connect(
+    spec: &TestSpec,
+    info: &ServerInfo,
+    server_ip: IpAddr,
+    local_ip: IpAddr,
+) -> Result<(Box<dyn Link>, PeerInfo)> {
+    match spec.mode {
+        Mode::ViaSend | Mode::ViaRdma => {
+            let mut link = via::ViaLink::open(spec, &spec.device, Side::Client)?;
+            link.connect(info)?;
+            let peer = PeerInfo { rdma: link.rdma_targets(), port: 0 };
+            Ok((Box::new(link), peer))
+        }
+        Mode::Tcp => Ok((Box::new(tcp::TcpLink::connect(spec, server_ip, info.port)?), PeerInfo::default())),
+        Mode::RawShm => {
+            let path = info.shm_path.as_deref().ok_or_else(|| Error::new("the server sent no shared-memory file"))?;
+            Ok((Box::new(raw_shm::ShmLink::open(spec, path)?), PeerInfo::default()))
+        }
+        Mode::RawUdp => {
+            let mut link = raw_udp::UdpLink::bind(spec, local_ip, Side::Client)?;
+            let port = link.port();
+            link.connect_to(std::net::SocketAddr::new(server_ip, info.port))?;
+            Ok((Box::new(link), PeerInfo { rdma: Vec::new(), port }))
+        }
+    }
+}
+
+/// A deadline for waits that must not hang for ever when a message is lost.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    at: Instant,
+    limit: Duration,
+}
+
+impl Deadline {
+    /// `limit` from now.
+    pub fn after(limit: Duration) -> Deadline {
+        Deadline { at: Instant::now() + limit, limit }
+    }
+    /// An error if the deadline has passed.
+    pub fn check(&self, what: &str) -> Result<()> {
+        if Instant::now() >= self.at {
+            Err(Error::new(format!("{what}: nothing arrived within {:?}", self.limit)))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Anonymous memory, mapped and touched in advance so that page faults stay
+/// out of the measurements.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// `len` bytes (rounded up to pages), zeroed and populated.
+    pub fn new(len: usize) -> Result<Mapping> {
+        let len = len.max(1).div_ceil(4096) * 4096;
+        // SAFETY: an anonymous private mapping; checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::new(format!("mmap of {len} bytes: {}", std::io::Error::last_os_error())));
+        }
+        Ok(Mapping { ptr: ptr as *mut u8, len })
+    }
+    /// The first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: a mapping has at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Rounds `n` up to a multiple of `to`.
+pub fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+/// `futex(FUTEX_WAIT)` on a word shared between processes.
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
+    let ts =
+        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    // SAFETY: the word lives in mapped memory for the duration of the call.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec);
+    }
+}
+
+/// `futex(FUTEX_WAKE)` of every waiter on a shared word.
+pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: as for futex_wait.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// The interface behind a VIA device name: `/dev/via_eth0` is `eth0`.
+pub fn interface_of(device: &str) -> &str {
+    let name = device.strip_prefix("/dev/").unwrap_or(device);
+    name.strip_prefix("via_").unwrap_or(name)
+}
+
+/// The largest UDP payload that fits the MTU of `device`'s interface.
+pub fn udp_payload(device: &str) -> usize {
+    let mtu = std::fs::read_to_string(format!("/sys/class/net/{}/mtu", interface_of(device)))
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(1500);
+    mtu.saturating_sub(28).clamp(256, 65507)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_map_to_interfaces() {
+        assert_eq!(interface_of("/dev/via_lo"), "lo");
+        assert_eq!(interface_of("via_eth1"), "eth1");
+        assert_eq!(interface_of("/dev/via_vb0"), "vb0");
+        assert_eq!(udp_payload("/dev/via_lo"), 65507);
+    }
+
+    #[test]
+    fn mappings_are_page_sized_and_writable() {
+        let m = Mapping::new(10).unwrap();
+        assert_eq!(m.len(), 4096);
+        // SAFETY: inside the mapping.
+        unsafe {
+            *m.ptr().add(4095) = 7;
+            assert_eq!(*m.ptr().add(4095), 7);
+        }
+        assert_eq!(round_up(4097, 4096), 8192);
+    }
+}

@@ -1,0 +1,635 @@
+//! VIA through VIPL: send/receive over a ring of pre-posted descriptors, or
+//! RDMA write with immediate data as the completion signal.
+//!
+//! Everything lives in one registered region per side: per VI a ring of
+//! receive descriptors and a pool of send descriptors, the three send
+//! buffers, and per VI a receive area (descriptor-sized slots, see
+//! [`crate::flow::Cursor`]) or, for RDMA, the target area the peer writes
+//! into.  Sends go straight from the send buffers (zero copy); blocks larger
+//! than a descriptor are split; credits and continue messages
+//! ([`crate::flow`]) keep the sender from overrunning the receiver's ring.
+//! With `--vis N` all receive queues complete through one CQ and the driver
+//! uses the VIs in turn.
+
+use super::{round_up, Deadline, Link, LinkServer, LinkStats, Mapping, Pending, Side};
+use crate::error::{Error, Result};
+use crate::flow::{chunk_count, chunks, receive_slots, Credits, Cursor, Immediate};
+use crate::pattern::{self, Which};
+use crate::proto::{Mode, PeerInfo, ServerInfo, TestSpec, Wait};
+use crate::vipl_api::*;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Send descriptors per VI beyond the ring size.
+const EXTRA_SEND_DESCRIPTORS: usize = 8;
+/// Longest single `*Wait` call, so that the deadline is looked at.
+const WAIT_SLICE_MS: u64 = 1000;
+
+/// One VI and its descriptors.
+struct ViSlot {
+    vi: VIP_PVOID,
+    credits: Credits,
+    /// The receive ring.
+    recv: *mut Descriptor,
+    /// The send pool.
+    send: *mut Descriptor,
+    /// Free send descriptors (indices into the pool).
+    free: Vec<u32>,
+    /// Receive slots (send/receive) or the RDMA target area.
+    area: *mut u8,
+    cursor: Cursor,
+    connected: bool,
+}
+
+/// A VIA link: one or more connected VIs.
+pub struct ViaLink {
+    side: Side,
+    rdma: bool,
+    wait: Wait,
+    timeout: Duration,
+    nic: VIP_PVOID,
+    ptag: VIP_PVOID,
+    cq: VIP_PVOID,
+    mem: Mapping,
+    mh: VIP_MEM_HANDLE,
+    registered: bool,
+    /// Bytes per descriptor.
+    desc: usize,
+    pool: usize,
+    vis: Vec<ViSlot>,
+    cur: usize,
+    send_buf: [*mut u8; 3],
+    /// The peer's RDMA target areas, per VI.
+    remote: Vec<(u64, u32)>,
+    /// The kept block: (address, length, offset in the block).
+    kept: Vec<(usize, usize, usize)>,
+    /// VI handle -> index, for CQ completions.
+    index: HashMap<usize, usize>,
+    nic_addr: Vec<u8>,
+    tag: String,
+    messages: u64,
+}
+
+impl ViaLink {
+    /// Opens the NIC, registers the memory, creates the VIs (and the CQ) and
+    /// posts every receive descriptor.
+    pub fn open(spec: &TestSpec, device: &str, side: Side) -> Result<ViaLink> {
+        match spec.segment {
+            Some(s) => std::env::set_var("VIA_SEGMENT_SIZE", s.to_string()),
+            None => std::env::remove_var("VIA_SEGMENT_SIZE"),
+        }
+        let rdma = spec.mode == Mode::ViaRdma;
+        let nvis = spec.vis.unwrap_or(1).max(1) as usize;
+        let ring = spec.ring as usize;
+        if !(crate::flow::MIN_RING as usize..=1024).contains(&ring) {
+            return Err(Error::new(format!("--descriptors {ring}: the ring needs 3 to 1024 descriptors")));
+        }
+        let name = CString::new(device).map_err(|_| Error::new("bad device name"))?;
+        let mut link = ViaLink {
+            side,
+            rdma,
+            wait: spec.wait,
+            timeout: Duration::from_millis(spec.timeout_ms),
+            nic: std::ptr::null_mut(),
+            ptag: std::ptr::null_mut(),
+            cq: std::ptr::null_mut(),
+            mem: Mapping::new(4096)?,
+            mh: 0,
+            registered: false,
+            desc: 0,
+            pool: ring + EXTRA_SEND_DESCRIPTORS,
+            vis: Vec::new(),
+            cur: 0,
+            send_buf: [std::ptr::null_mut(); 3],
+            remote: Vec::new(),
+            kept: Vec::new(),
+            index: HashMap::new(),
+            nic_addr: Vec::new(),
+            tag: spec.tag.clone(),
+            messages: 0,
+        };
+        // SAFETY: a NUL-terminated name and a valid out-pointer.
+        check("VipOpenNic", unsafe { VipOpenNic(name.as_ptr(), &mut link.nic) })
+            .map_err(|e| Error::from(e).context(device))?;
+        link.nic_addr = nic_address(link.nic)?;
+        let max_transfer = nic_max_transfer(link.nic)?;
+        let max_block = spec.max_block.max(crate::proto::ACK_BYTES);
+        link.desc = spec.desc_size.min(max_transfer).min(round_up(max_block, 64)).max(64);
+        let desc = link.desc;
+        // SAFETY: a valid out-pointer.
+        check("VipCreatePtag", unsafe { VipCreatePtag(link.nic, &mut link.ptag) })?;
+        if spec.vis.is_some() {
+            let entries = (nvis * (ring + 1)).clamp(16, 4096) as libc::c_ulong;
+            // SAFETY: a valid out-pointer.
+            check("VipCreateCQ", unsafe { VipCreateCQ(link.nic, entries, &mut link.cq) })?;
+        }
+
+        // The region: descriptors, send buffers, receive areas.
+        let desc_bytes = round_up(nvis * (ring + link.pool) * VIP_DESCRIPTOR_ALIGNMENT, 4096);
+        let buf_bytes = round_up(max_block, 4096);
+        let slots = receive_slots(ring, desc, max_block);
+        let area_bytes = if rdma { buf_bytes } else { round_up(slots * desc, 4096) };
+        let total = desc_bytes + 3 * buf_bytes + nvis * area_bytes;
+        if total > 8 << 30 {
+            return Err(Error::new(format!(
+                "{total} bytes of registered memory per side: lower --max-size, --desc-size or --vis"
+            )));
+        }
+        link.mem = Mapping::new(total)?;
+        let base = link.mem.ptr();
+        let attrs = VIP_MEM_ATTRIBUTES { Ptag: link.ptag, EnableRdmaWrite: rdma as VIP_BOOLEAN, EnableRdmaRead: 0 };
+        // SAFETY: the mapping is ours and stays mapped until deregistered.
+        check("VipRegisterMem", unsafe {
+            VipRegisterMem(link.nic, base as VIP_PVOID, link.mem.len() as libc::c_ulong, &attrs, &mut link.mh)
+        })?;
+        link.registered = true;
+        for (i, b) in link.send_buf.iter_mut().enumerate() {
+            // SAFETY: inside the mapping.
+            *b = unsafe { base.add(desc_bytes + i * buf_bytes) };
+        }
+
+        let vi_attrs = VIP_VI_ATTRIBUTES {
+            ReliabilityLevel: spec.reliability.level(),
+            MaxTransferSize: desc as libc::c_ulong,
+            QoS: std::ptr::null_mut(),
+            Ptag: link.ptag,
+            EnableRdmaWrite: rdma as VIP_BOOLEAN,
+            EnableRdmaRead: 0,
+        };
+        for v in 0..nvis {
+            let mut vi: VIP_PVOID = std::ptr::null_mut();
+            // SAFETY: valid attributes and out-pointer; the CQ may be NULL.
+            check("VipCreateVi", unsafe { VipCreateVi(link.nic, &vi_attrs, std::ptr::null_mut(), link.cq, &mut vi) })?;
+            let descs = (v * (ring + link.pool)) * VIP_DESCRIPTOR_ALIGNMENT;
+            // SAFETY: all inside the mapping, laid out above.
+            let (recv, send, area) = unsafe {
+                let recv = base.add(descs) as *mut Descriptor;
+                (recv, recv.add(ring), base.add(desc_bytes + 3 * buf_bytes + v * area_bytes))
+            };
+            link.index.insert(vi as usize, v);
+            link.vis.push(ViSlot {
+                vi,
+                credits: Credits::new(ring as u32),
+                recv,
+                send,
+                free: (0..link.pool as u32).rev().collect(),
+                area,
+                cursor: Cursor::new(slots),
+                connected: false,
+            });
+            for i in 0..ring {
+                link.post_recv(v, i)?;
+            }
+        }
+        link.kept.reserve(chunk_count(max_block, desc));
+        Ok(link)
+    }
+
+    /// Bytes per descriptor in use.
+    pub fn desc_size(&self) -> usize {
+        self.desc
+    }
+
+    /// This side's RDMA target areas, per VI.
+    pub fn rdma_targets(&self) -> Vec<(u64, u32)> {
+        if !self.rdma {
+            return Vec::new();
+        }
+        self.vis.iter().map(|s| (s.area as u64, self.mh)).collect()
+    }
+
+    fn discriminator(&self, v: usize) -> Vec<u8> {
+        format!("viabench-{}-{v}", self.tag).into_bytes()
+    }
+
+    /// Client: connects every VI to the server's.
+    pub fn connect(&mut self, info: &ServerInfo) -> Result<()> {
+        self.remote = info.rdma.clone();
+        for v in 0..self.vis.len() {
+            let disc = self.discriminator(v);
+            let local = NetAddress::new(&self.nic_addr, &disc);
+            let remote = NetAddress::new(&info.nic_addr, &disc);
+            // SAFETY: plain data filled by the provider.
+            let mut attrs: VIP_VI_ATTRIBUTES = unsafe { std::mem::zeroed() };
+            // SAFETY: addresses built above, valid out-pointer.
+            check("VipConnectRequest", unsafe {
+                VipConnectRequest(
+                    self.vis[v].vi,
+                    local.as_ptr(),
+                    remote.as_ptr(),
+                    self.timeout.as_millis() as libc::c_ulong,
+                    &mut attrs,
+                )
+            })
+            .map_err(|e| Error::from(e).context(format!("connecting VI {v}")))?;
+            self.vis[v].connected = true;
+        }
+        self.check_remote()
+    }
+
+    fn check_remote(&self) -> Result<()> {
+        if self.rdma && self.remote.len() != self.vis.len() {
+            return Err(Error::new("the peer sent no RDMA target for every VI"));
+        }
+        Ok(())
+    }
+
+    /// Posts receive descriptor `i` of VI `v` again, on the next slot.
+    fn post_recv(&mut self, v: usize, i: usize) -> Result<()> {
+        let s = &mut self.vis[v];
+        // SAFETY: `i` < ring: a descriptor of the mapping, not posted now.
+        let d = unsafe { s.recv.add(i) };
+        let mut desc = Descriptor::default();
+        if !self.rdma {
+            let slot = s.cursor.take();
+            desc.cs.seg_count = 1;
+            // SAFETY: slot < slots: inside the VI's area.
+            desc.ds[0] = DataSegment {
+                data: unsafe { s.area.add(slot * self.desc) } as u64,
+                handle: self.mh,
+                length: self.desc as u32,
+            };
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::write(d, desc) };
+        // SAFETY: a descriptor in registered memory.
+        check("VipPostRecv", unsafe { VipPostRecv(s.vi, d, self.mh) })?;
+        Ok(())
+    }
+
+    /// Takes completed send descriptors of VI `v` back, waiting until at
+    /// least `want` are free.
+    fn reap(&mut self, v: usize, want: usize) -> Result<()> {
+        let deadline = Deadline::after(self.timeout);
+        let mut spins = 0u32;
+        loop {
+            let s = &mut self.vis[v];
+            let mut d: *mut Descriptor = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            let mut rc = unsafe { VipSendDone(s.vi, &mut d) };
+            if rc == VIP_NOT_DONE && s.free.len() < want && self.wait == Wait::Block {
+                // SAFETY: valid out-pointer.
+                rc = unsafe { VipSendWait(s.vi, WAIT_SLICE_MS as libc::c_ulong, &mut d) };
+            }
+            match rc {
+                VIP_SUCCESS => {
+                    // SAFETY: VipSendDone returned one of our send descriptors.
+                    let status = unsafe { Descriptor::status(d) };
+                    if status & VIP_STATUS_DONE == 0 || status & VIP_STATUS_ERROR_MASK != 0 {
+                        return Err(Error::new(format!("a send on VI {v} completed with status {status:#x}")));
+                    }
+                    let i = (d as usize - s.send as usize) / VIP_DESCRIPTOR_ALIGNMENT;
+                    s.free.push(i as u32);
+                }
+                VIP_NOT_DONE | VIP_TIMEOUT => {
+                    if s.free.len() >= want {
+                        return Ok(());
+                    }
+                    spins = spins.wrapping_add(1);
+                    if rc == VIP_TIMEOUT || spins.is_multiple_of(4096) {
+                        deadline.check("waiting for a send to complete")?;
+                    }
+                }
+                rc => check("VipSendDone", rc)?,
+            }
+        }
+    }
+
+    /// Posts one send-queue descriptor of VI `v`.
+    fn post_send(&mut self, v: usize, control: u16, imm: u32, segs: &[DataSegment]) -> Result<()> {
+        if self.vis[v].free.is_empty() {
+            self.reap(v, 1)?;
+        }
+        let s = &mut self.vis[v];
+        let i = s.free.pop().expect("a free send descriptor") as usize;
+        let mut desc = Descriptor::default();
+        desc.cs.control = control;
+        desc.cs.immediate = imm;
+        desc.cs.seg_count = segs.len() as u16;
+        desc.cs.length = segs.iter().map(|x| x.length).sum();
+        desc.ds[..segs.len()].copy_from_slice(segs);
+        // SAFETY: i < pool; the descriptor is not posted.
+        let d = unsafe { s.send.add(i) };
+        // SAFETY: as above.
+        unsafe { std::ptr::write(d, desc) };
+        // SAFETY: a descriptor in registered memory.
+        check("VipPostSend", unsafe { VipPostSend(s.vi, d, self.mh) })?;
+        self.messages += 1;
+        Ok(())
+    }
+
+    fn send_continue(&mut self, v: usize) -> Result<()> {
+        let imm = self.vis[v].credits.on_send(true);
+        self.post_send(v, VIP_CONTROL_IMMEDIATE, imm.encode(), &[])
+    }
+
+    /// Waits for the next receive completion: on the current VI, or on any
+    /// VI through the CQ.
+    fn next_recv(&mut self) -> Result<(usize, *mut Descriptor)> {
+        let deadline = Deadline::after(self.timeout);
+        let mut spins = 0u32;
+        let mut d: *mut Descriptor = std::ptr::null_mut();
+        loop {
+            if self.cq.is_null() {
+                let vi = self.vis[self.cur].vi;
+                let rc = match self.wait {
+                    // SAFETY: valid out-pointer.
+                    Wait::Poll => unsafe { VipRecvDone(vi, &mut d) },
+                    // SAFETY: valid out-pointer.
+                    Wait::Block => unsafe { VipRecvWait(vi, WAIT_SLICE_MS as libc::c_ulong, &mut d) },
+                };
+                match rc {
+                    VIP_SUCCESS => return Ok((self.cur, d)),
+                    VIP_NOT_DONE | VIP_TIMEOUT => {}
+                    rc => check("VipRecvDone", rc)?,
+                }
+                spins = spins.wrapping_add(1);
+                if rc == VIP_TIMEOUT || spins.is_multiple_of(65536) {
+                    deadline.check("waiting for a message")?;
+                }
+            } else {
+                let mut vi: VIP_PVOID = std::ptr::null_mut();
+                let mut recv: VIP_BOOLEAN = 0;
+                let rc = match self.wait {
+                    // SAFETY: valid out-pointers.
+                    Wait::Poll => unsafe { VipCQDone(self.cq, &mut vi, &mut recv) },
+                    // SAFETY: valid out-pointers.
+                    Wait::Block => unsafe { VipCQWait(self.cq, WAIT_SLICE_MS as libc::c_ulong, &mut vi, &mut recv) },
+                };
+                match rc {
+                    VIP_SUCCESS => {
+                        let v = *self
+                            .index
+                            .get(&(vi as usize))
+                            .ok_or_else(|| Error::new("the CQ named a VI of nobody's"))?;
+                        if recv == 0 {
+                            return Err(Error::new("a send-queue completion on the receive CQ"));
+                        }
+                        // SAFETY: valid out-pointer.
+                        check("VipRecvDone after VipCQDone", unsafe { VipRecvDone(vi, &mut d) })?;
+                        return Ok((v, d));
+                    }
+                    VIP_NOT_DONE | VIP_TIMEOUT => {}
+                    rc => check("VipCQDone", rc)?,
+                }
+                spins = spins.wrapping_add(1);
+                if rc == VIP_TIMEOUT || spins.is_multiple_of(65536) {
+                    deadline.check("waiting for a completion")?;
+                }
+            }
+        }
+    }
+
+    /// Handles a completed receive of VI `v`: checks it, reposts its
+    /// descriptor, takes the grant, answers with a continue if due.
+    /// Returns the data chunk (address, length), or `None` for a continue.
+    fn handle(&mut self, v: usize, d: *mut Descriptor) -> Result<Option<(usize, usize)>> {
+        // SAFETY (here and below): VipRecvDone returned one of our receive descriptors.
+        let status = unsafe { Descriptor::status(d) };
+        if status & VIP_STATUS_DONE == 0 || status & VIP_STATUS_ERROR_MASK != 0 {
+            return Err(Error::new(format!("a receive on VI {v} completed with status {status:#x}")));
+        }
+        if status & VIP_STATUS_IMMEDIATE == 0 {
+            return Err(Error::new(format!("a message without immediate data on VI {v} (status {status:#x})")));
+        }
+        let imm = Immediate::decode(unsafe { Descriptor::immediate(d) });
+        let len = unsafe { Descriptor::length(d) } as usize;
+        // SAFETY: the provider is done with the descriptor.
+        let addr = unsafe { (*d).ds[0].data } as usize;
+        let s = &self.vis[v];
+        let i = (d as usize - s.recv as usize) / VIP_DESCRIPTOR_ALIGNMENT;
+        self.post_recv(v, i)?;
+        self.vis[v].credits.on_receive(imm);
+        if self.vis[v].credits.wants_continue() {
+            self.send_continue(v)?;
+        }
+        if imm.control {
+            if len != 0 {
+                return Err(Error::new("a continue message with data"));
+            }
+            return Ok(None);
+        }
+        if self.rdma && status & VIP_STATUS_OP_MASK != VIP_STATUS_OP_REMOTE_RDMA_WRITE {
+            return Err(Error::new(format!("expected an RDMA write with immediate data, status {status:#x}")));
+        }
+        let addr = if self.rdma { self.vis[v].area as usize } else { addr };
+        Ok(Some((addr, len)))
+    }
+
+    /// Handles completions until VI `v` may send data.
+    fn wait_for_credit(&mut self, v: usize) -> Result<()> {
+        if self.vis[v].credits.can_send_data() {
+            return Ok(());
+        }
+        self.vis[v].credits.stalls += 1;
+        while !self.vis[v].credits.can_send_data() {
+            let (w, d) = self.next_recv()?;
+            if self.handle(w, d)?.is_some() {
+                return Err(Error::new("data arrived while waiting for credits"));
+            }
+        }
+        Ok(())
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        let mut first: Option<Error> = None;
+        let mut note = |r: std::result::Result<(), VipError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e.into());
+            }
+        };
+        for s in self.vis.drain(..) {
+            if s.connected {
+                // SAFETY: a VI handle of ours.
+                note(check("VipDisconnect", unsafe { VipDisconnect(s.vi) }));
+            }
+            // SAFETY: as above.
+            note(check("VipDestroyVi", unsafe { VipDestroyVi(s.vi) }));
+        }
+        if !self.cq.is_null() {
+            // SAFETY: our CQ, no VI attached any more.
+            note(check("VipDestroyCQ", unsafe { VipDestroyCQ(self.cq) }));
+            self.cq = std::ptr::null_mut();
+        }
+        if self.registered {
+            // SAFETY: the region registered in `open`.
+            note(check("VipDeregisterMem", unsafe {
+                VipDeregisterMem(self.nic, self.mem.ptr() as VIP_PVOID, self.mh)
+            }));
+            self.registered = false;
+        }
+        if !self.ptag.is_null() {
+            // SAFETY: our protection tag, no longer used.
+            note(check("VipDestroyPtag", unsafe { VipDestroyPtag(self.nic, self.ptag) }));
+            self.ptag = std::ptr::null_mut();
+        }
+        if !self.nic.is_null() {
+            // SAFETY: our NIC.
+            note(check("VipCloseNic", unsafe { VipCloseNic(self.nic) }));
+            self.nic = std::ptr::null_mut();
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for ViaLink {
+    fn drop(&mut self) {
+        let _ = self.teardown();
+    }
+}
+
+impl Link for ViaLink {
+    fn prepare(&mut self, len: usize, seeds: [u64; 3]) -> Result<()> {
+        for (buf, seed) in self.send_buf.iter().zip(seeds) {
+            // SAFETY: each send buffer holds max_block >= len bytes; no send is outstanding.
+            pattern::fill(seed, unsafe { std::slice::from_raw_parts_mut(*buf, len) });
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, which: Which, len: usize) -> Result<()> {
+        let v = self.cur;
+        let base = self.send_buf[which as usize] as u64;
+        let n = chunk_count(len, self.desc);
+        for (i, (off, l)) in chunks(len, self.desc).enumerate() {
+            let local = DataSegment { data: base + off as u64, handle: self.mh, length: l as u32 };
+            if self.rdma {
+                let (raddr, rh) = self.remote[v];
+                let remote = DataSegment { data: raddr + off as u64, handle: rh, length: 0 };
+                if i + 1 == n {
+                    self.wait_for_credit(v)?;
+                    let imm = self.vis[v].credits.on_send(false).encode();
+                    self.post_send(v, VIP_CONTROL_OP_RDMAWRITE | VIP_CONTROL_IMMEDIATE, imm, &[remote, local])?;
+                } else {
+                    self.post_send(v, VIP_CONTROL_OP_RDMAWRITE, 0, &[remote, local])?;
+                }
+            } else {
+                self.wait_for_credit(v)?;
+                let imm = self.vis[v].credits.on_send(false).encode();
+                let segs: &[DataSegment] = if l == 0 { &[] } else { std::slice::from_ref(&local) };
+                self.post_send(v, VIP_CONTROL_OP_SENDRECV | VIP_CONTROL_IMMEDIATE, imm, segs)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, len: usize, keep: bool) -> Result<()> {
+        let v = self.cur;
+        if keep {
+            self.kept.clear();
+        }
+        let n = chunk_count(len, self.desc);
+        let expected: Vec<(usize, usize)> =
+            if self.rdma { vec![chunks(len, self.desc).last().expect("one chunk")] } else { Vec::new() };
+        let messages = if self.rdma { 1 } else { n };
+        let mut got = 0;
+        while got < messages {
+            let (w, d) = self.next_recv()?;
+            let Some((addr, l)) = self.handle(w, d)? else { continue };
+            if w != v {
+                return Err(Error::new(format!("data arrived on VI {w} while VI {v} was expected")));
+            }
+            let (off, want) = if self.rdma {
+                expected[0]
+            } else {
+                let off = got * self.desc;
+                (off, (len - off).min(self.desc))
+            };
+            if l != want {
+                return Err(Error::new(format!("chunk at offset {off} of a {len}-byte block: {l} bytes, not {want}")));
+            }
+            if keep {
+                if self.rdma {
+                    self.kept.push((addr, len, 0));
+                } else {
+                    self.kept.push((addr, l, off));
+                }
+            }
+            got += 1;
+        }
+        Ok(())
+    }
+
+    fn verify(&self, seed: u64, len: usize) -> Result<()> {
+        let total: usize = self.kept.iter().map(|k| k.1).sum();
+        if total != len {
+            return Err(Error::new(format!("kept {total} bytes of a {len}-byte block")));
+        }
+        for &(addr, l, off) in &self.kept {
+            // SAFETY: the chunk lies in this side's receive or target area.
+            let data = unsafe { std::slice::from_raw_parts(addr as *const u8, l) };
+            pattern::check(seed, off, data)
+                .map_err(|k| Error::new(format!("byte {k} of a {len}-byte block is wrong ({:?})", self.side)))?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        for v in 0..self.vis.len() {
+            self.reap(v, self.pool)?;
+        }
+        Ok(())
+    }
+
+    fn select(&mut self, vi: usize) {
+        self.cur = vi % self.vis.len();
+    }
+
+    fn vis(&self) -> usize {
+        self.vis.len()
+    }
+
+    fn stats(&self) -> LinkStats {
+        LinkStats {
+            messages: self.messages,
+            continues: self.vis.iter().map(|s| s.credits.continues_sent).sum(),
+            stalls: self.vis.iter().map(|s| s.credits.stalls).sum(),
+        }
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.teardown()
+    }
+}
+
+impl Pending for ViaLink {
+    fn info(&self) -> ServerInfo {
+        ServerInfo { nic_addr: self.nic_addr.clone(), rdma: self.rdma_targets(), port: 0, shm_path: None }
+    }
+
+    fn accept(mut self: Box<Self>) -> Result<Box<dyn LinkServer>> {
+        for v in 0..self.vis.len() {
+            let local = NetAddress::new(&self.nic_addr, &self.discriminator(v));
+            let mut remote = NetAddress::empty();
+            // SAFETY: plain data filled by the provider.
+            let mut attrs: VIP_VI_ATTRIBUTES = unsafe { std::mem::zeroed() };
+            let mut conn: VIP_PVOID = std::ptr::null_mut();
+            // SAFETY: valid addresses and out-pointers.
+            check("VipConnectWait", unsafe {
+                VipConnectWait(
+                    self.nic,
+                    local.as_ptr(),
+                    self.timeout.as_millis() as libc::c_ulong,
+                    remote.as_mut_ptr(),
+                    &mut attrs,
+                    &mut conn,
+                )
+            })
+            .map_err(|e| Error::from(e).context(format!("waiting for VI {v}")))?;
+            // SAFETY: the connection handle just returned and our VI.
+            check("VipConnectAccept", unsafe { VipConnectAccept(conn, self.vis[v].vi) })?;
+            self.vis[v].connected = true;
+        }
+        Ok(self)
+    }
+}
+
+impl LinkServer for ViaLink {
+    fn complete(mut self: Box<Self>, peer: &PeerInfo, _peer_ip: IpAddr) -> Result<Box<dyn Link>> {
+        self.remote = peer.rdma.clone();
+        self.check_remote()?;
+        Ok(self)
+    }
+}

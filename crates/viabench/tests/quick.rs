@@ -1,0 +1,176 @@
+//! viabench end to end on /dev/via_lo: the binary against its own child
+//! peer, every mode, checked through its JSON report.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// One run at a time: each spins on both cores while it measures.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The `viad` of this build: `$VIA_VIAD`, or the one beside viabench,
+/// brought up to date with the same profile (an agent older than the
+/// library may not speak its protocol).
+fn viad() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(p) = std::env::var_os("VIA_VIAD").filter(|p| !p.is_empty()) {
+                return p.into();
+            }
+            let beside = Path::new(env!("CARGO_BIN_EXE_viabench")).with_file_name("viad");
+            let mut cmd = Command::new(env!("CARGO"));
+            cmd.args(["build", "-q", "-p", "viad", "--bin", "viad"]);
+            if !cfg!(debug_assertions) {
+                cmd.arg("--release");
+            }
+            let status = cmd.status().expect("cargo build -p viad");
+            assert!(status.success(), "building viad failed");
+            assert!(beside.is_file(), "no viad at {}", beside.display());
+            beside
+        })
+        .clone()
+}
+
+struct Run {
+    dir: PathBuf,
+    socket: String,
+}
+
+impl Run {
+    fn new(name: &str) -> Run {
+        let dir = std::env::temp_dir().join(format!("viabench-test-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Run { dir, socket: format!("viabench-test-{}-{name}", std::process::id()) }
+    }
+
+    /// Runs viabench with `args`; returns the parsed JSON report.
+    fn viabench(&self, args: &[&str]) -> serde_json::Value {
+        let json = self.dir.join("report.json");
+        let out = Command::new(env!("CARGO_BIN_EXE_viabench"))
+            .args(args)
+            .arg("--no-progress")
+            .arg("--json")
+            .arg(&json)
+            .env("VIA_VIAD", viad())
+            .env("VIA_AGENT_SOCKET", &self.socket)
+            .env("VIA_VIAD_IDLE", "2")
+            .env("VIA_CM_PORT", "0")
+            .output()
+            .expect("viabench runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "viabench {args:?} failed\n{stdout}\n{stderr}");
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = Command::new(viad()).args(["--stop", "--socket", &self.socket]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Every test of the report has rows, each with nonzero throughput and
+/// data checked on both sides.
+fn check_rows(report: &serde_json::Value) -> Vec<String> {
+    let tests = report["tests"].as_array().expect("tests");
+    let mut labels = Vec::new();
+    for t in tests {
+        let label = t["label"].as_str().unwrap().to_string();
+        assert!(t["error"].is_null(), "{label}: {}", t["error"]);
+        let rows = t["rows"].as_array().unwrap();
+        assert!(!rows.is_empty(), "{label}: no rows");
+        for r in rows {
+            assert!(r["mb_per_s"].as_f64().unwrap() > 0.0, "{label}: {r}");
+            assert!(r["one_way_us"].as_f64().unwrap() > 0.0, "{label}: {r}");
+            assert_eq!(r["verified"], true, "{label}: {r}");
+        }
+        labels.push(label);
+    }
+    labels
+}
+
+#[test]
+fn quick_run_measures_every_mode() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("quick");
+    let np = run.dir.join("np.out");
+    let svg = run.dir.join("plot.svg");
+    let report = run.viabench(&[
+        "--quick",
+        "--mode",
+        "via-send,via-rdma,tcp,raw-shm,raw-udp",
+        "--np-out",
+        np.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let labels = check_rows(&report);
+    for mode in ["via-send", "via-rdma", "tcp", "raw-shm", "raw-udp"] {
+        assert!(labels.iter().any(|l| l.starts_with(&format!("{mode}/"))), "{mode} missing from {labels:?}");
+        let file = run.dir.join(format!("np.{mode}-pingpong-poll.out"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(text.lines().count(), 5, "{}", file.display());
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("via-rdma/pingpong/poll"));
+}
+
+#[test]
+fn large_blocks_split_over_a_small_ring() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("split");
+    let report = run.viabench(&[
+        "--mode",
+        "via-send,via-rdma",
+        "--pattern",
+        "pingpong,stream,burst:5",
+        "--wait",
+        "poll,block",
+        "--sizes",
+        "1,100003",
+        "--desc-size",
+        "4096",
+        "--descriptors",
+        "3",
+        "--trials",
+        "1",
+        "--min-time",
+        "0.001",
+    ]);
+    let labels = check_rows(&report);
+    assert_eq!(labels.len(), 12);
+    // 100003 bytes over 4 KiB descriptors and a ring of three: a sender
+    // runs out of credits and waits for the receiver's continue messages.
+    let test = |label: &str| report["tests"].as_array().unwrap().iter().find(|t| t["label"] == label).unwrap().clone();
+    let stream = test("via-send/stream/poll");
+    assert!(stream["stats"]["stalls"].as_u64().unwrap() > 0, "{}", stream["stats"]);
+    // In a ping-pong the client receives large replies too, and sends continues.
+    let pingpong = test("via-send/pingpong/block");
+    assert!(pingpong["stats"]["continues"].as_u64().unwrap() > 0, "{}", pingpong["stats"]);
+}
+
+#[test]
+fn several_vis_on_one_cq() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("vis");
+    let report = run.viabench(&[
+        "--mode",
+        "via-send,via-rdma",
+        "--vis",
+        "8",
+        "--wait",
+        "poll,block",
+        "--sizes",
+        "4,70000",
+        "--desc-size",
+        "16K",
+        "--trials",
+        "1",
+        "--min-time",
+        "0.001",
+    ]);
+    let labels = check_rows(&report);
+    assert!(labels.contains(&"via-send/pingpong/poll/vis8".to_string()), "{labels:?}");
+}
