@@ -101,6 +101,7 @@ test: setup
 	$(MAKE) --no-print-directory test-c-asan
 	$(MAKE) --no-print-directory test-c-valgrind
 	$(MAKE) --no-print-directory test-cluster
+	$(MAKE) --no-print-directory test-bench
 
 test-rust:
 	$(CARGO) fmt --all -- --check
@@ -174,6 +175,12 @@ clean:
 # Benchmark: viabench against the floors and other stacks; writes
 # bench/report.md (BENCH_ARGS=--quick for a run of seconds).
 
-.PHONY: bench
+.PHONY: bench test-bench
 bench:
 	bash bench/compare $(BENCH_ARGS)
+
+# A smoke run of the comparison (not a timed test): every contender runs
+# and the report is written, under build/.
+test-bench:
+	bash bench/compare --quick --out $(BUILD)/bench/out --report $(BUILD)/bench/report.md
+	@test -s $(BUILD)/bench/report.md && grep -q "viabench via-send" $(BUILD)/bench/report.md
