@@ -35,6 +35,8 @@ static void server(int fd, void *arg)
     VIP_VI_ATTRIBUTES ra;
     CHECK_OK(VipConnectWait(nic, local, VT_WAIT_MS, remote, &ra, &conn));
     CHECK_OK(VipConnectAccept(conn, vi));
+    free(local);
+    free(remote);
     for (size_t i = 0; i < N; i++) {
         VIP_DESCRIPTOR *got = vt_recv_wait(vi);
         CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, got);
@@ -42,6 +44,9 @@ static void server(int fd, void *arg)
     vt_sync(fd, 1); /* the client reads its counters */
     vt_sync(fd, 2);
     CHECK_OK(VipDisconnect(vi));
+    CHECK_OK(VipDestroyVi(vi));
+    vt_mem_dereg(&buf);
+    vt_dpool_fini(&descs);
     CHECK_OK(VipCloseNic(nic));
 }
 
@@ -81,6 +86,8 @@ int main(void)
     VIP_NET_ADDRESS *me = vt_addr_local(nic, "client"), *srvaddr = vt_addr_local(nic, disc);
     VIP_VI_ATTRIBUTES ra;
     CHECK_OK(VipConnectRequest(vi, me, srvaddr, VT_WAIT_MS, &ra));
+    free(me);
+    free(srvaddr);
     CHECK_EQ(0, agent_counter("msgs_sent"));
     VIP_DESCRIPTOR *d = vt_dpool_get(&descs, 0);
     for (int i = 0; i < N; i++) {
@@ -96,6 +103,9 @@ int main(void)
     CHECK_EQ(0, agent_counter("dropped_malformed"));
     vt_sync(srv.fd, 2);
     CHECK_OK(VipDisconnect(vi));
+    CHECK_OK(VipDestroyVi(vi));
+    vt_mem_dereg(&buf);
+    vt_dpool_fini(&descs);
     CHECK_OK(VipCloseNic(nic));
     vt_join(&srv);
     printf("counters: ok\n");
