@@ -209,25 +209,28 @@ impl NetPort {
 /// Datagrams received per system call.
 const BATCH: usize = 32;
 
-/// Receive buffers for `recvmmsg`.
+/// Receive buffers for `recvmmsg`, with their headers built once: an
+/// empty poll of the socket allocates nothing.
 struct Batch {
     bufs: Vec<Vec<u8>>,
     lens: Vec<usize>,
+    /// One iovec per buffer; points into `bufs`' heap storage, which never moves.
+    iov: Vec<libc::iovec>,
+    /// One header per buffer; points into `iov`'s heap storage, which never moves.
+    msgs: Vec<libc::mmsghdr>,
 }
+
+// The raw pointers only point into the batch's own heap buffers.
+unsafe impl Send for Batch {}
 
 impl Batch {
     fn new(count: usize, size: usize) -> Batch {
-        Batch { bufs: (0..count).map(|_| vec![0u8; size]).collect(), lens: vec![0; count] }
-    }
-
-    /// Receives up to `BATCH` datagrams without blocking; `None` when there are none.
-    fn receive(&mut self, fd: std::os::fd::RawFd) -> Option<usize> {
-        let mut iov: Vec<libc::iovec> = self
-            .bufs
+        let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+        let mut iov: Vec<libc::iovec> = bufs
             .iter_mut()
             .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
             .collect();
-        let mut msgs: Vec<libc::mmsghdr> = iov
+        let msgs = iov
             .iter_mut()
             .map(|v| {
                 // SAFETY: a zeroed msghdr is valid; the iovec is set below.
@@ -237,10 +240,22 @@ impl Batch {
                 libc::mmsghdr { msg_hdr: h, msg_len: 0 }
             })
             .collect();
+        Batch { bufs, lens: vec![0; count], iov, msgs }
+    }
+
+    /// Receives up to `BATCH` datagrams without blocking; `None` when there are none.
+    fn receive(&mut self, fd: std::os::fd::RawFd) -> Option<usize> {
+        debug_assert_eq!(self.iov.len(), self.msgs.len());
         loop {
             // SAFETY: the headers point at our buffers.
             let r = unsafe {
-                libc::recvmmsg(fd, msgs.as_mut_ptr(), msgs.len() as u32, libc::MSG_DONTWAIT, std::ptr::null_mut())
+                libc::recvmmsg(
+                    fd,
+                    self.msgs.as_mut_ptr(),
+                    self.msgs.len() as u32,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
             };
             if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -248,7 +263,7 @@ impl Batch {
             if r <= 0 {
                 return None;
             }
-            for (len, m) in self.lens.iter_mut().zip(&msgs).take(r as usize) {
+            for (len, m) in self.lens.iter_mut().zip(&self.msgs).take(r as usize) {
                 // A truncated datagram is longer than any packet we accept: drop it.
                 *len = if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 { 0 } else { m.msg_len as usize };
             }
