@@ -68,6 +68,15 @@ impl DescPtr {
         let base = CONTROL_SEGMENT_BYTES + i * DATA_SEGMENT_BYTES;
         RawSegment { addr: self.read(base), handle: self.read(base + 8), len: self.read(base + 12) }
     }
+    /// The `VIP_STATUS_OP_*` bits of the operation `Control` names, for a
+    /// send-queue descriptor that completes without having been validated.
+    pub fn op_status_bits(self) -> u32 {
+        match self.control() & CONTROL_OP_MASK {
+            CONTROL_OP_RDMAWRITE => STATUS_OP_RDMA_WRITE,
+            CONTROL_OP_RDMAREAD => STATUS_OP_RDMA_READ,
+            _ => STATUS_OP_SEND,
+        }
+    }
     /// Clears `Status` at post time, as the specification requires of the provider.
     pub fn clear_status(self) {
         self.write(CS_STATUS, 0u32);

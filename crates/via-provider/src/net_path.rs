@@ -58,11 +58,7 @@ impl Vi {
         let mut st = link.state.lock();
         match validate(desc, mem, false, rules) {
             Err(bits) => {
-                let op = match desc.control() & CONTROL_OP_MASK {
-                    CONTROL_OP_RDMAWRITE => STATUS_OP_RDMA_WRITE,
-                    CONTROL_OP_RDMAREAD => STATUS_OP_RDMA_READ,
-                    _ => STATUS_OP_SEND,
-                };
+                let op = desc.op_status_bits();
                 desc.complete(op | bits, 0, None);
                 q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op, length: 0, give_up: None });
                 if reliable(attrs.reliability) {

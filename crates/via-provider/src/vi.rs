@@ -679,11 +679,7 @@ impl Vi {
         match (&q.conn, validate(desc, mem, false, &rules)) {
             (None, _) => desc.complete(STATUS_DESC_FLUSHED_ERROR, 0, None),
             (Some(_), Err(bits)) => {
-                let op = match desc.control() & CONTROL_OP_MASK {
-                    CONTROL_OP_RDMAWRITE => STATUS_OP_RDMA_WRITE,
-                    CONTROL_OP_RDMAREAD => STATUS_OP_RDMA_READ,
-                    _ => STATUS_OP_SEND,
-                };
+                let op = desc.op_status_bits();
                 desc.complete(op | bits, 0, None);
                 if reliable(attrs.reliability) {
                     broken = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });

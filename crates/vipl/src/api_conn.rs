@@ -23,10 +23,9 @@ unsafe fn read_addr(addr: *const VIP_NET_ADDRESS) -> ViaResult<NetAddress> {
 }
 
 unsafe fn write_addr(out: *mut VIP_NET_ADDRESS, host: &[u8], disc: &[u8]) {
-    (*out).HostAddressLen = host.len() as u16;
+    crate::api_nic::write_host(out, host);
     (*out).DiscriminatorLen = disc.len() as u16;
     let base = std::ptr::addr_of_mut!((*out).HostAddress) as *mut u8;
-    std::ptr::copy_nonoverlapping(host.as_ptr(), base, host.len());
     std::ptr::copy_nonoverlapping(disc.as_ptr(), base.add(host.len()), disc.len());
 }
 
