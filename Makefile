@@ -5,6 +5,8 @@
 #   make uninstall PREFIX=dir
 #   make test-c               stage an install, build tests/c against it, run them
 #   make test-c-asan          the same programs with AddressSanitizer and UBSan
+#   make test-c-tuning        the same programs under each design alternative
+#                             of the provider (docs/tuning.md)
 #   make test-c-valgrind      api_errors, memory and sendrecv under valgrind
 #   make example              build and run examples/pingpong against the stage
 #   make bench                viabench against the floors and other stacks
@@ -40,7 +42,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := api_errors memory sendrecv rdma errors connect cq threads counters acceptance
+TESTS := api_errors memory sendrecv rdma errors connect cq threads counters tuning acceptance
 VALGRIND_TESTS := api_errors memory sendrecv
 EXAMPLES := pingpong
 
@@ -53,7 +55,7 @@ STAGE_PC = PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig PKG_CONFIG_LIBDIR=$(STAGE)/lib
 VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
 VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
 
-.PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-asan \
+.PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-tuning test-c-asan \
 	test-c-valgrind test-cluster example test-c-build test-c-asan-build clean
 
 all:
@@ -98,6 +100,7 @@ test: setup
 	$(MAKE) --no-print-directory test-rust
 	$(MAKE) --no-print-directory test-fuzz
 	$(MAKE) --no-print-directory test-c
+	$(MAKE) --no-print-directory test-c-tuning
 	$(MAKE) --no-print-directory test-c-asan
 	$(MAKE) --no-print-directory test-c-valgrind
 	$(MAKE) --no-print-directory test-cluster
@@ -142,6 +145,15 @@ test-c-asan: test-c-asan-build
 	STAGE=$(STAGE) ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
 	UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} \
 		sh tests/c/run.sh $(BUILD)/tests/c-asan $(TESTS)
+
+# The whole suite again under each design alternative of the provider
+# (docs/tuning.md): every alternative keeps the VIA semantics.
+TUNINGS := VIA_DOORBELL=d1 VIA_DOORBELL=d2 VIA_CQ=cq2 VIA_INLINE_MAX=0,VIA_SPIN_US=adaptive
+test-c-tuning: test-c-build
+	@set -e; for t in $(TUNINGS); do \
+		echo "== $$t" | tr , ' '; \
+		env $$(echo $$t | tr , ' ') STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/c $(TESTS); \
+	done
 
 test-c-valgrind: test-c-build
 	STAGE=$(STAGE) VT_TIMEOUT=300 \

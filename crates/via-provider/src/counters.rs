@@ -2,7 +2,9 @@
 //! (see `via_shm::stats`): what was sent, received, retransmitted, and
 //! dropped with the reason.
 
+use crate::tuning::tuning;
 use std::sync::Arc;
+use std::time::Instant;
 use via_shm::stats::StatsPage;
 
 /// One counter of a NIC.
@@ -47,10 +49,37 @@ pub enum Counter {
     Malformed,
     /// Packets dropped for an unknown VI.
     UnknownVi,
+    // Stage timings of the data path, kept only with `VIA_PROFILE`.
+    /// Nanoseconds inside `VipPostSend`.
+    PostSendNs,
+    /// `VipPostSend` calls timed.
+    PostSendCalls,
+    /// Nanoseconds validating send descriptors (address translation and checks).
+    ValidateNs,
+    /// Nanoseconds from ringing a doorbell to the send engine taking the descriptor.
+    DoorbellNs,
+    /// Doorbells rung (`VIA_DOORBELL=d1|d2`).
+    DoorbellRings,
+    /// Nanoseconds moving send data (ring, cross-memory copy, packets out).
+    TransferNs,
+    /// Sends moved.
+    Transfers,
+    /// Nanoseconds writing send completions (descriptor status, CQ entries).
+    CompleteNs,
+    /// Send completions written.
+    Completions,
+    /// Nanoseconds completing arrived messages into receive descriptors.
+    ReceiveNs,
+    /// Messages completed into receive descriptors.
+    Receives,
+    /// Nanoseconds inside `VipCQDone`.
+    CqDoneNs,
+    /// `VipCQDone` calls timed.
+    CqDoneCalls,
 }
 
 /// Names, in the order of [`Counter`].
-pub const NAMES: [&str; 19] = [
+pub const NAMES: [&str; 32] = [
     "msgs_sent",
     "msgs_received",
     "bytes_sent",
@@ -70,6 +99,19 @@ pub const NAMES: [&str; 19] = [
     "dropped_bad_key",
     "dropped_malformed",
     "dropped_unknown_vi",
+    "post_send_ns",
+    "post_send_calls",
+    "validate_ns",
+    "doorbell_ns",
+    "doorbell_rings",
+    "transfer_ns",
+    "transfers",
+    "complete_ns",
+    "completions",
+    "receive_ns",
+    "receives",
+    "cq_done_ns",
+    "cq_done_calls",
 ];
 
 /// The counters of one NIC.
@@ -98,4 +140,64 @@ impl Counters {
     pub fn page(&self) -> Option<&StatsPage> {
         self.0.as_deref()
     }
+}
+
+/// Times one stage of the data path into a pair of counters, when
+/// `VIA_PROFILE` asks for it; otherwise reads no clock.
+pub struct StageTimer(Option<Instant>);
+
+impl StageTimer {
+    /// Starts timing.
+    pub fn start() -> StageTimer {
+        StageTimer(tuning().profile.is_some().then(Instant::now))
+    }
+
+    /// Adds the time since `start` to `ns`, and one to `calls` if given.
+    pub fn stop(self, counters: &Counters, ns: Counter, calls: Option<Counter>) {
+        if let Some(t) = self.0 {
+            counters.add(ns, t.elapsed().as_nanos() as u64);
+            if let Some(c) = calls {
+                counters.add(c, 1);
+            }
+        }
+    }
+}
+
+/// Appends one JSON line with the NIC's settings and counters to the
+/// `VIA_PROFILE` file, if set (at `VipCloseNic`).
+pub fn write_profile(device: &str, counters: &Counters) {
+    let Some(path) = &tuning().profile else { return };
+    let settings: Vec<String> =
+        tuning().describe().iter().map(|(k, v)| format!("\"{k}\":\"{}\"", json_escape(v))).collect();
+    let values: Vec<String> = NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("\"{name}\":{}", counters.0.as_ref().map_or(0, |p| p.get(i))))
+        .collect();
+    let line = format!(
+        "{{\"pid\":{},\"device\":\"{}\",\"settings\":{{{}}},\"counters\":{{{}}}}}\n",
+        std::process::id(),
+        json_escape(device),
+        settings.join(","),
+        values.join(",")
+    );
+    // One write of a line opened for appending: lines of processes sharing the file do not interleave.
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("openvia: VIA_PROFILE={}: {e}", path.display());
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '"' | '\\' => vec!['\\', c],
+            c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32).chars().collect(),
+            c => vec![c],
+        })
+        .collect()
 }

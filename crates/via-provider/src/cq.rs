@@ -1,16 +1,26 @@
-//! Completion queues.
+//! Completion queues, in the two designs of `VIA_CQ`.
 //!
-//! A CQ is one inbox of the NIC's inbox segment.  Whoever completes a
-//! descriptor of a queue attached to the CQ (this process, or the peer that
-//! delivered a message) pushes one entry, so `VipCQDone` pops in O(1)
-//! whatever the number of VIs.
+//! CQ1 (default): a CQ is one inbox of the NIC's inbox segment.  Whoever
+//! completes a descriptor of a queue attached to the CQ (this process, or
+//! the peer that delivered a message) pushes one entry, so `VipCQDone` pops
+//! in O(1) whatever the number of VIs.
+//!
+//! CQ2: nobody writes entries; `VipCQDone` polls the work queues attached
+//! to the CQ in turn, from where the last call stopped, and reports a
+//! queue that has a completion it has not reported yet.  Its cost grows
+//! with the number of queues; posting and delivering cost nothing extra.
+//! `VipCQWait` has nothing to sleep on then: it scans again every
+//! `SCAN_NAP` once its spin is over.
 
+use crate::counters::{Counter, StageTimer};
 use crate::handles::{Handle, Kind};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{spin_window, Deadline};
+use crate::timeout::{spin_window, waited, Deadline};
+use crate::tuning::{tuning, CqMode};
 use crate::{provider, Vi};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use via_core::consts::limits;
 use via_core::error::{ViaError, ViaResult};
@@ -50,7 +60,13 @@ pub struct Cq {
     pub capacity: AtomicUsize,
     /// Set when destroyed, for notify threads.
     pub destroyed: std::sync::atomic::AtomicBool,
+    /// CQ2: the work queues attached (VI, receive queue?), scanned from `cursor`.
+    members: Mutex<Vec<(Weak<Vi>, bool)>>,
+    cursor: AtomicUsize,
 }
+
+/// CQ2: how long `VipCQWait` sleeps between scans once its spin is over.
+const SCAN_NAP: Duration = Duration::from_micros(200);
 
 impl Cq {
     /// `VipCreateCQ`.
@@ -70,6 +86,8 @@ impl Cq {
                 users: AtomicUsize::new(0),
                 capacity: AtomicUsize::new(entries),
                 destroyed: Default::default(),
+                members: Mutex::new(Vec::new()),
+                cursor: AtomicUsize::new(0),
             })
         }) {
             Some((h, _)) => Ok(h),
@@ -110,8 +128,23 @@ impl Cq {
         Ok(())
     }
 
-    /// Pushes a completion made in this process.
+    /// Attaches a work queue of `vi` (`VipCreateVi`).
+    pub(crate) fn attach(&self, vi: &Arc<Vi>, recv: bool) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+        self.members.lock().push((Arc::downgrade(vi), recv));
+    }
+
+    /// Detaches a work queue of `vi` (`VipDestroyVi`).
+    pub(crate) fn detach(&self, vi: &Vi, recv: bool) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+        self.members.lock().retain(|(w, r)| *r != recv || w.upgrade().is_some_and(|v| v.handle != vi.handle));
+    }
+
+    /// Pushes a completion made in this process (CQ1; CQ2 writes no entries).
     pub fn push_local(&self, entry: CqEntry) {
+        if tuning().cq == CqMode::Scan {
+            return;
+        }
         if !self.nic.inbox.push(self.index, entry.encode()) {
             self.overflowed();
         }
@@ -132,7 +165,19 @@ impl Cq {
 
     /// `VipCQDone`: the next completion, if any.
     pub fn done(&self) -> ViaResult<CqEntry> {
+        let timer = StageTimer::start();
+        crate::doorbell::progress(&self.nic);
         self.nic.poll_net();
+        let found = match tuning().cq {
+            CqMode::Entries => self.pop_entry(),
+            CqMode::Scan => self.scan(),
+        };
+        timer.stop(&self.nic.counters, Counter::CqDoneNs, Some(Counter::CqDoneCalls));
+        found.ok_or(ViaError::NotDone)
+    }
+
+    /// CQ1: the next entry of the inbox that names a queue of this CQ.
+    fn pop_entry(&self) -> Option<CqEntry> {
         if self.nic.inbox.take_overflow(self.index) {
             self.overflowed();
         }
@@ -142,19 +187,39 @@ impl Cq {
             if let Ok(vi) = Vi::get(entry.vi) {
                 let mine = if entry.recv { &vi.recv_cq } else { &vi.send_cq };
                 if mine.as_ref().is_some_and(|c| c.handle == self.handle) {
-                    return Ok(entry);
+                    return Some(entry);
                 }
             }
         }
-        Err(ViaError::NotDone)
+        None
+    }
+
+    /// CQ2: the first attached work queue, from the cursor on, with a
+    /// completion not reported yet.
+    fn scan(&self) -> Option<CqEntry> {
+        let members = self.members.lock();
+        let n = members.len();
+        let start = self.cursor.load(Ordering::Relaxed);
+        for i in 0..n {
+            let k = (start + i) % n;
+            let (vi, recv) = &members[k];
+            let Some(vi) = vi.upgrade() else { continue };
+            if vi.report_unseen(*recv) {
+                self.cursor.store(k + 1, Ordering::Relaxed);
+                return Some(CqEntry { vi: vi.handle, recv: *recv });
+            }
+        }
+        None
     }
 
     /// `VipCQWait`.
     pub fn wait(&self, timeout_ms: u64) -> ViaResult<CqEntry> {
         let deadline = Deadline::after_ms(timeout_ms);
-        let spin_until = Instant::now() + spin_window();
+        let start = Instant::now();
+        let spin_until = start + spin_window();
         loop {
             if let Ok(e) = self.done() {
+                waited(start.elapsed());
                 return Ok(e);
             }
             if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
@@ -164,7 +229,11 @@ impl Cq {
                 std::hint::spin_loop();
                 continue;
             }
-            self.nic.inbox.wait(self.index, Some(deadline.next_sleep(Duration::from_millis(50))));
+            let nap = match tuning().cq {
+                CqMode::Entries => Duration::from_millis(50),
+                CqMode::Scan => SCAN_NAP,
+            };
+            self.nic.inbox.wait(self.index, Some(deadline.next_sleep(nap)));
         }
     }
 }

@@ -10,6 +10,7 @@
 pub mod connect;
 pub mod counters;
 pub mod cq;
+mod doorbell;
 pub mod endpoint;
 pub mod handles;
 pub mod names;
@@ -18,6 +19,7 @@ mod net_path;
 pub mod nic;
 pub mod progress;
 pub mod timeout;
+pub mod tuning;
 pub mod vi;
 
 use handles::{Kind, Table};

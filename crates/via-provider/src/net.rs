@@ -10,6 +10,7 @@
 
 use crate::counters::{Counter, Counters};
 use crate::nic::Nic;
+use crate::tuning::tuning;
 use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -71,7 +72,7 @@ impl NetPort {
             segment: segment_size(nic.device.mtu as usize),
             vis: RwLock::new(HashMap::new()),
             engine: Mutex::new(Batch::new(
-                BATCH,
+                tuning().recv_batch,
                 MAX_DATAGRAM.min(HEADER_LEN + segment_size(nic.device.mtu as usize)) + 1,
             )),
             counters: nic.counters.clone(),
@@ -103,7 +104,7 @@ impl NetPort {
         use std::os::fd::AsRawFd;
         while let Some(n) = batch.receive(self.socket.as_raw_fd()) {
             self.dispatch(&batch, n);
-            if n < BATCH {
+            if n < batch.lens.len() {
                 break;
             }
         }
@@ -206,9 +207,6 @@ impl NetPort {
     }
 }
 
-/// Datagrams received per system call.
-const BATCH: usize = 32;
-
 /// Receive buffers for `recvmmsg`, with their headers built once: an
 /// empty poll of the socket allocates nothing.
 struct Batch {
@@ -243,7 +241,7 @@ impl Batch {
         Batch { bufs, lens: vec![0; count], iov, msgs }
     }
 
-    /// Receives up to `BATCH` datagrams without blocking; `None` when there are none.
+    /// Receives up to a batch of datagrams without blocking; `None` when there are none.
     fn receive(&mut self, fd: std::os::fd::RawFd) -> Option<usize> {
         debug_assert_eq!(self.iov.len(), self.msgs.len());
         loop {
@@ -336,11 +334,7 @@ fn grow_buffers(socket: &UdpSocket) {
 /// Payload bytes per packet: `VIA_SEGMENT_SIZE`, or what fits the MTU.
 fn segment_size(mtu: usize) -> usize {
     let from_mtu = mtu.saturating_sub(28 + HEADER_LEN).max(512);
-    std::env::var("VIA_SEGMENT_SIZE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(from_mtu)
-        .clamp(256, MAX_DATAGRAM - HEADER_LEN)
+    crate::tuning::segment_size().unwrap_or(from_mtu).clamp(256, MAX_DATAGRAM - HEADER_LEN)
 }
 
 /// The buffers a sent message's bytes come from, until the session says it is sent.

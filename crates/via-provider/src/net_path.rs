@@ -2,7 +2,7 @@
 //! descriptor into a message of the VI's session; the session's events
 //! complete descriptors, place received bytes and answer RDMA requests.
 
-use crate::counters::Counter;
+use crate::counters::{Counter, StageTimer};
 use crate::net::{scatter, Gather, NetLink};
 use crate::nic::error_code;
 use crate::progress;
@@ -56,7 +56,11 @@ impl Vi {
     ) -> Vec<Event> {
         let mut events = Vec::new();
         let mut st = link.state.lock();
-        match validate(desc, mem, false, rules) {
+        let timer = StageTimer::start();
+        let checked = validate(desc, mem, false, rules);
+        timer.stop(&self.nic.counters, Counter::ValidateNs, None);
+        let timer = StageTimer::start();
+        match checked {
             Err(bits) => {
                 let op = desc.op_status_bits();
                 desc.complete(op | bits, 0, None);
@@ -109,6 +113,7 @@ impl Vi {
             }
         }
         st.flush(link.peer, &link.port, &mut events);
+        timer.stop(&self.nic.counters, Counter::TransferNs, Some(Counter::Transfers));
         if let Some(t) = st.session.poll_timeout() {
             progress::kick_before(t);
         }
@@ -204,7 +209,9 @@ impl Vi {
                     }
                     Event::Segment { kind, msg, offset, total, imm, first, last, data } => match kind {
                         MsgKind::Send => {
-                            self.place(&mut r, msg, offset, total, imm, first, last, &data, reliable, &mut f)
+                            let timer = StageTimer::start();
+                            self.place(&mut r, msg, offset, total, imm, first, last, &data, reliable, &mut f);
+                            timer.stop(&self.nic.counters, Counter::ReceiveNs, last.then_some(Counter::Receives));
                         }
                         MsgKind::RdmaWrite { addr, handle } => {
                             if r.dropping == Some(msg) {

@@ -82,11 +82,18 @@ pub struct Nic {
     net_port: std::sync::OnceLock<Arc<crate::net::NetPort>>,
     /// Set by `VipCloseNic`.
     pub closed: AtomicBool,
+    /// The send engine that doorbells wake (`VIA_DOORBELL=d1|d2`).
+    pub(crate) send_engine: Option<Arc<crate::doorbell::SendEngine>>,
 }
 
 impl Nic {
     /// Opens a device by its VIA name (`/dev/via_lo`, `via_eth0`, ...).
     pub fn open(device: &str) -> ViaResult<(Handle, Arc<Nic>)> {
+        if let Err(why) = crate::tuning::loaded() {
+            // The application sees only VIP_INVALID_PARAMETER: say which setting is wrong.
+            eprintln!("openvia: {why}");
+            return Err(ViaError::InvalidParameter);
+        }
         let counters = crate::counters::Counters::new(device.trim_start_matches("/dev/"));
         let opened = match counters.page() {
             Some(page) => viad::client::Session::open_with_stats(device, page.fd()),
@@ -102,6 +109,10 @@ impl Nic {
         let registry = Registry::new()?;
         let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
         let pin = std::env::var("VIA_PIN_MEMORY").is_ok_and(|v| v == "1");
+        let send_engine = crate::doorbell::SendEngine::start().map_err(|e| {
+            tracing::warn!("cannot start the send engine: {e}");
+            ViaError::Resource
+        })?;
         provider()
             .nics
             .insert(|handle| {
@@ -120,9 +131,15 @@ impl Nic {
                     net_port: std::sync::OnceLock::new(),
                     counters,
                     closed: AtomicBool::new(false),
+                    send_engine: send_engine.clone(),
                 })
             })
-            .ok_or(ViaError::Resource)
+            .ok_or_else(|| {
+                if let Some(engine) = &send_engine {
+                    engine.shut_down();
+                }
+                ViaError::Resource
+            })
     }
 
     /// Looks up a NIC handle.
@@ -134,6 +151,10 @@ impl Nic {
     pub fn close(handle: Handle) -> ViaResult<()> {
         let nic = Nic::get(handle)?;
         nic.closed.store(true, Ordering::Release);
+        crate::counters::write_profile(&nic.device.name, &nic.counters);
+        if let Some(engine) = &nic.send_engine {
+            engine.shut_down();
+        }
         // Wait for a handler call under way; none starts after this.
         nic.set_error_handler(None);
         let p = provider();

@@ -1,6 +1,8 @@
 //! Timeouts in the specification's milliseconds, and the adaptive spin
 //! that precedes sleeping.
 
+use crate::tuning::{tuning, Spin};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// `VIP_INFINITE`: values at or above it wait for ever.
@@ -34,11 +36,54 @@ impl Deadline {
     }
 }
 
-/// How long a waiter spins before sleeping (`VIA_SPIN_US`, default 50 µs).
+/// How long a waiter spins before sleeping (`VIA_SPIN_US`: a fixed window,
+/// default 50 µs, or `adaptive`).
 pub fn spin_window() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let us = std::env::var("VIA_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
-        Duration::from_micros(us)
-    })
+    match tuning().spin {
+        Spin::Fixed(d) => d,
+        Spin::Adaptive => adaptive_window(RECENT_WAIT_NS.load(Ordering::Relaxed)),
+    }
+}
+
+/// Tells the adaptive spin how long a wait that succeeded took.
+pub fn waited(took: Duration) {
+    if tuning().spin == Spin::Adaptive {
+        let ns = took.as_nanos().min(u64::MAX as u128) as u64;
+        let old = RECENT_WAIT_NS.load(Ordering::Relaxed);
+        // A moving average over about eight waits; races only lose a sample.
+        let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+        RECENT_WAIT_NS.store(new.max(1), Ordering::Relaxed);
+    }
+}
+
+/// The mean of recent waits, in nanoseconds (0: none yet).
+static RECENT_WAIT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The longest adaptive spin.
+const ADAPTIVE_MAX: Duration = Duration::from_micros(500);
+
+/// Spin a little longer than answers have been taking, as interrupt
+/// coalescing waits a little for the next packet; when answers take longer
+/// than `ADAPTIVE_MAX`, spinning only burns the CPU the peer may need, so
+/// sleep at once.
+fn adaptive_window(mean_ns: u64) -> Duration {
+    let window = Duration::from_nanos(mean_ns.saturating_mul(2));
+    match mean_ns {
+        0 => Duration::from_micros(50),
+        _ if window > ADAPTIVE_MAX => Duration::ZERO,
+        _ => window.max(Duration::from_micros(2)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_window_follows_recent_waits() {
+        assert_eq!(adaptive_window(0), Duration::from_micros(50));
+        assert_eq!(adaptive_window(10_000), Duration::from_micros(20));
+        assert_eq!(adaptive_window(100), Duration::from_micros(2));
+        assert_eq!(adaptive_window(400_000), Duration::ZERO);
+    }
 }

@@ -9,13 +9,16 @@
 
 use crate::connect::Conn;
 use crate::counters::Counter;
+use crate::counters::StageTimer;
 use crate::cq::{Cq, CqEntry};
+use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::Handle;
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{spin_window, Deadline};
+use crate::timeout::{spin_window, waited, Deadline};
+use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::{progress, provider};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -27,7 +30,7 @@ use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES};
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
-use via_shm::ring::{SlotHeader, INLINE_MAX, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
+use via_shm::ring::{SlotHeader, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
 use via_shm::{cma, futex};
 
 /// Slot flag: `imm` is valid.
@@ -81,6 +84,8 @@ pub(crate) struct RecvQueue {
     pub items: VecDeque<RecvItem>,
     /// Completed items form a prefix of `items`: its length.
     pub done: usize,
+    /// CQ2: how many of the completed items `VipCQDone` has reported.
+    pub cq_seen: usize,
     pub seg: Option<Arc<ConnSegment>>,
     /// Network: the message being placed into the first pending item.
     pub inbound: Option<u32>,
@@ -108,10 +113,14 @@ pub(crate) struct SendQueue {
     pub items: VecDeque<SendItem>,
     /// Completed items form a prefix of `items`: its length.
     pub done: usize,
+    /// CQ2: how many of the completed items `VipCQDone` has reported.
+    pub cq_seen: usize,
     /// Shared-memory connection.
     pub conn: Option<Arc<Conn>>,
     /// Network connection.
     pub net: Option<Arc<crate::net::NetLink>>,
+    /// Posted, its doorbell rung, not yet taken by the send engine.
+    pub rung: usize,
 }
 
 impl SendQueue {
@@ -158,6 +167,8 @@ pub struct Vi {
     pub(crate) peer_outcome: Mutex<Option<ViaResult<crate::connect::Linked>>>,
     /// Set when the VI is destroyed, for notify threads.
     pub destroyed: std::sync::atomic::AtomicBool,
+    /// Its doorbell (`VIA_DOORBELL=d1`).
+    pub(crate) doorbell: ViDoorbell,
 }
 
 pub(crate) fn reliable(level: u16) -> bool {
@@ -198,15 +209,22 @@ impl Vi {
                 sleepers: AtomicUsize::new(0),
                 peer_outcome: Mutex::new(None),
                 destroyed: Default::default(),
+                doorbell: ViDoorbell::default(),
             })
         });
-        let Some((handle, _)) = inserted else {
+        let Some((handle, vi)) = inserted else {
             nic.vi_count.fetch_sub(1, Ordering::AcqRel);
             return Err(ViaError::Resource);
         };
+        if let Some(engine) = &nic.send_engine {
+            engine.attach(&vi);
+        }
         tag.vi_users.fetch_add(1, Ordering::AcqRel);
-        for cq in send_cq.iter().chain(recv_cq.iter()) {
-            cq.users.fetch_add(1, Ordering::AcqRel);
+        if let Some(cq) = &send_cq {
+            cq.attach(&vi, false);
+        }
+        if let Some(cq) = &recv_cq {
+            cq.attach(&vi, true);
         }
         Ok(handle)
     }
@@ -228,13 +246,19 @@ impl Vi {
             provider().vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
         }
         vi.destroyed.store(true, Ordering::Release);
+        if let Some(engine) = &vi.nic.send_engine {
+            engine.detach(&vi);
+        }
         vi.bump();
         vi.nic.vi_count.fetch_sub(1, Ordering::AcqRel);
         if let Ok(tag) = vi.nic.ptag(vi.attrs().ptag) {
             tag.vi_users.fetch_sub(1, Ordering::AcqRel);
         }
-        for cq in vi.send_cq.iter().chain(vi.recv_cq.iter()) {
-            cq.users.fetch_sub(1, Ordering::AcqRel);
+        if let Some(cq) = &vi.send_cq {
+            cq.detach(&vi, false);
+        }
+        if let Some(cq) = &vi.recv_cq {
+            cq.detach(&vi, true);
         }
         Ok(())
     }
@@ -280,7 +304,8 @@ impl Vi {
     /// Whether the send and receive queues are empty.
     pub fn queues_empty(&self) -> (bool, bool) {
         let r = self.recv.lock().items.is_empty();
-        (self.send.lock().items.is_empty(), r)
+        let s = self.send.lock();
+        (s.items.is_empty() && s.rung == 0, r)
     }
 
     /// What the peer needs to know about this VI.
@@ -289,7 +314,11 @@ impl Vi {
         Endpoint {
             pid: std::process::id(),
             vi: self.handle,
-            recv_cq: self.recv_cq.as_ref().map_or(NO_CQ, |c| c.index as u32),
+            // CQ2: the peer has no entry to write for us.
+            recv_cq: match (&self.recv_cq, tuning().cq) {
+                (Some(c), CqMode::Entries) => c.index as u32,
+                _ => NO_CQ,
+            },
             reliability: a.reliability,
             max_transfer: a.max_transfer,
             rdma_write: a.rdma_write,
@@ -314,6 +343,28 @@ impl Vi {
     pub(crate) fn bump(&self) {
         self.wake_word.fetch_add(1, Ordering::Release);
         futex::futex_wake(&self.wake_word, i32::MAX);
+    }
+
+    /// CQ2: whether a work queue has a completion `VipCQDone` has not
+    /// reported yet; if so it counts as reported now.
+    pub(crate) fn report_unseen(&self, recv: bool) -> bool {
+        if recv {
+            let mut q = self.recv.lock();
+            let sane = self.drain(&mut q);
+            let unseen = q.done > q.cq_seen;
+            q.cq_seen += unseen as usize;
+            drop(q);
+            if !sane {
+                tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
+                self.break_connection(LOST);
+            }
+            unseen
+        } else {
+            let mut q = self.send.lock();
+            let unseen = q.done > q.cq_seen;
+            q.cq_seen += unseen as usize;
+            unseen
+        }
     }
 
     pub(crate) fn push_cq(&self, recv: bool) {
@@ -547,6 +598,7 @@ impl Vi {
                 Ok(None) => return true,
                 Err(_) => return false,
             };
+            let timer = StageTimer::start();
             let index = q.done;
             let Some(item) = q.items.get_mut(index) else {
                 return false;
@@ -583,6 +635,7 @@ impl Vi {
                 self.nic.counters.add(Counter::MsgsReceived, 1);
                 self.nic.counters.add(Counter::BytesReceived, length as u64);
             }
+            timer.stop(&self.nic.counters, Counter::ReceiveNs, Some(Counter::Receives));
         }
     }
 
@@ -603,11 +656,13 @@ impl Vi {
 
     /// `VipRecvDone`.
     pub fn recv_done(&self) -> ViaResult<DescPtr> {
+        doorbell::progress(&self.nic);
         self.poll_net();
         let mut q = self.recv.lock();
         let sane = self.drain(&mut q);
         let got = if q.done > 0 {
             q.done -= 1;
+            q.cq_seen = q.cq_seen.saturating_sub(1);
             q.items.pop_front().map(|i| i.desc)
         } else {
             None
@@ -623,11 +678,15 @@ impl Vi {
     /// `VipRecvWait`.
     pub fn recv_wait(&self, timeout_ms: u64) -> ViaResult<DescPtr> {
         let deadline = Deadline::after_ms(timeout_ms);
-        let spin_until = Instant::now() + spin_window();
+        let start = Instant::now();
+        let spin_until = start + spin_window();
         loop {
             let word = self.wake_word.load(Ordering::Acquire);
             match self.recv_done() {
-                Ok(d) => return Ok(d),
+                Ok(d) => {
+                    waited(start.elapsed());
+                    return Ok(d);
+                }
                 Err(ViaError::NotDone) => {}
                 Err(e) => return Err(e),
             }
@@ -651,12 +710,14 @@ impl Vi {
 
     // ---- send side --------------------------------------------------------------------
 
-    /// `VipPostSend`: validates the descriptor and carries the operation out.
-    pub fn post_send(&self, desc: DescPtr, mem: u32) -> ViaResult<()> {
+    /// `VipPostSend`: checks the descriptor's place and the VI's state, then
+    /// carries the operation out or rings the doorbell (`doorbell`).
+    pub fn post_send(self: &Arc<Self>, desc: DescPtr, mem: u32) -> ViaResult<()> {
+        let timer = StageTimer::start();
         if desc.0 == 0 {
             return Err(ViaError::InvalidParameter);
         }
-        let (rules, attrs) = self.rules();
+        let (rules, _) = self.rules();
         let mut q = self.send.lock();
         let state = self.state();
         if state != ViState::Connected && state != ViState::Error {
@@ -665,55 +726,76 @@ impl Vi {
         if !descriptor_placement_ok(desc, mem, &rules) {
             return Err(ViaError::Descriptor);
         }
-        if q.items.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
+        if q.items.len() + q.rung >= limits::MAX_DESCRIPTORS_PER_QUEUE {
             return Err(ViaError::Resource);
         }
         desc.clear_status();
+        if tuning().doorbell == Doorbell::Direct {
+            self.carry_out(q, desc, mem);
+        } else {
+            q.rung += 1;
+            drop(q);
+            doorbell::ring(self, desc, mem);
+        }
+        timer.stop(&self.nic.counters, Counter::PostSendNs, Some(Counter::PostSendCalls));
+        Ok(())
+    }
+
+    /// Carries out a posted send: in `VipPostSend`, or in the NIC's send
+    /// engine when a doorbell brought it there (`q.rung` counts those).
+    pub(crate) fn carry_out(&self, mut q: MutexGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
+        let (rules, attrs) = self.rules();
         if let Some(link) = q.net.clone() {
             let events = self.post_net(&mut q, &link, desc, mem, &rules, &attrs);
             drop(q);
             self.apply_net(&link, events);
-            return Ok(());
+            return;
         }
-        let mut broken = None;
-        match (&q.conn, validate(desc, mem, false, &rules)) {
-            (None, _) => desc.complete(STATUS_DESC_FLUSHED_ERROR, 0, None),
+        let counters = &self.nic.counters;
+        let timer = StageTimer::start();
+        let checked = validate(desc, mem, false, &rules);
+        timer.stop(counters, Counter::ValidateNs, None);
+        let timer = StageTimer::start();
+        let (status, length, broken) = match (&q.conn, checked) {
+            (None, _) => (STATUS_DESC_FLUSHED_ERROR, 0, None),
             (Some(_), Err(bits)) => {
-                let op = desc.op_status_bits();
-                desc.complete(op | bits, 0, None);
-                if reliable(attrs.reliability) {
-                    broken = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
-                }
+                let why = reliable(attrs.reliability)
+                    .then_some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+                (desc.op_status_bits() | bits, 0, why)
             }
             (Some(conn), Ok(wr)) => {
                 let (status, length, why) = execute(conn, &wr, reliable(attrs.reliability), attrs.reliability);
-                desc.complete(wr.op.status_bits(false) | status, length, None);
-                broken = why;
+                timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
+                (wr.op.status_bits(false) | status, length, why)
             }
-        }
+        };
+        let timer = StageTimer::start();
+        desc.complete(status, length, None);
         q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op: 0, length: 0, give_up: None });
         let completed = q.advance();
         drop(q);
         for _ in 0..completed {
             self.push_cq(false);
         }
+        timer.stop(counters, Counter::CompleteNs, Some(Counter::Completions));
         if self.sleepers.load(Ordering::Acquire) > 0 {
             self.bump();
         }
         if let Some(why) = broken {
             self.break_connection(why);
         }
-        Ok(())
     }
 
     /// `VipSendDone`.
     pub fn send_done(&self) -> ViaResult<DescPtr> {
+        doorbell::progress(&self.nic);
         self.poll_net();
         let mut q = self.send.lock();
         if q.done == 0 {
             return Err(ViaError::NotDone);
         }
         q.done -= 1;
+        q.cq_seen = q.cq_seen.saturating_sub(1);
         Ok(q.items.pop_front().expect("done prefix").desc)
     }
 
@@ -867,7 +949,7 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
             let bits = if level == SERVICE_RELIABLE_RECEPTION { STATUS_REMOTE_DESC_ERROR } else { 0 };
             result = (bits, total as u32, Some(LOST));
         }
-    } else if kind == SLOT_SEND && total as usize <= inline_max() && level != SERVICE_RELIABLE_RECEPTION {
+    } else if kind == SLOT_SEND && total as usize <= tuning().inline_max && level != SERVICE_RELIABLE_RECEPTION {
         hdr.flags |= FLAG_INLINE;
         conn.counters.add(Counter::InlineSends, 1);
         // SAFETY: validated against the registry when posted.
@@ -906,14 +988,6 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         conn.counters.add(Counter::BytesSent, total);
     }
     result
-}
-
-/// Messages up to this size travel inline in the ring (`VIA_INLINE_MAX`, at most 1024).
-fn inline_max() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("VIA_INLINE_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(INLINE_MAX).min(INLINE_MAX)
-    })
 }
 
 /// Checks an RDMA request against the target's registry, tag and enables.

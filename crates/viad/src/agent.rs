@@ -472,7 +472,7 @@ impl Agent {
         let now = Instant::now();
         let waiter = match req {
             Request::Hello { device } => return self.hello(token, &device, fds.pop()),
-            Request::Stats => return self.finish(token, &Reply::Stats(self.counters())),
+            Request::Stats { start } => return self.finish(token, &self.stats_page(start as usize)),
             Request::Stop => {
                 self.stop = true;
                 return self.finish(token, &Reply::Done);
@@ -726,6 +726,21 @@ impl Agent {
         .map(|(n, v)| (n.to_string(), v))
         .chain(self.process_counters())
         .collect()
+    }
+
+    /// The counters from `start` on, as many as one reply carries.
+    fn stats_page(&self, start: usize) -> Reply {
+        let all = self.counters();
+        let mut counters = Vec::new();
+        let mut bytes = 0;
+        for (name, value) in all.iter().skip(start) {
+            bytes += 2 + name.len() + 8;
+            if counters.len() == crate::proto::MAX_STATS || bytes > crate::proto::STATS_BUDGET {
+                break;
+            }
+            counters.push((name.clone(), *value));
+        }
+        Reply::Stats { counters, total: all.len() as u32 }
     }
 
     /// The transport counters the processes of this host publish, as

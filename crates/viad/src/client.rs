@@ -348,11 +348,22 @@ impl Agent {
         self.rendezvous(peer, req.inbox, timeout)
     }
 
-    /// The agent's counters, by name.
+    /// The agent's counters, by name, fetched a reply's worth at a time
+    /// (processes coming or going between replies may shift the list).
     pub fn stats(&self) -> Result<Vec<(String, u64)>, AgentError> {
-        match self.call(&ProtoRequest::Stats, &[], Some(REPLY_GRACE), false)?.1 {
-            Reply::Stats(counters) => Ok(counters),
-            other => Err(unexpected(&other)),
+        let mut all: Vec<(String, u64)> = Vec::new();
+        loop {
+            let start = all.len() as u32;
+            match self.call(&ProtoRequest::Stats { start }, &[], Some(REPLY_GRACE), false)?.1 {
+                Reply::Stats { counters, total } => {
+                    let last = counters.is_empty() || start as usize + counters.len() >= total as usize;
+                    all.extend(counters);
+                    if last {
+                        return Ok(all);
+                    }
+                }
+                other => return Err(unexpected(&other)),
+            }
         }
     }
 

@@ -25,6 +25,8 @@ pub const MAX_TEXT: usize = 256;
 pub const MAX_SEGMENT_BYTES: u64 = 256 << 20;
 /// Largest number of counters in a stats reply.
 pub const MAX_STATS: usize = 64;
+/// Bytes of counters a stats reply carries at most, leaving room for framing.
+pub const STATS_BUDGET: usize = MAX_MESSAGE - 64;
 /// A timeout in milliseconds that never passes.
 pub const FOREVER: u64 = u64::MAX;
 
@@ -83,8 +85,11 @@ pub enum Request {
     Connect(ConnectReq),
     /// Asks for the mirror-image peer request (peer-to-peer model).
     PeerConnect(ConnectReq),
-    /// Asks for the counters.
-    Stats,
+    /// Asks for the counters (a reply holds as many as fit).
+    Stats {
+        /// Index of the first counter wanted.
+        start: u32,
+    },
     /// Asks the agent to exit.
     Stop,
     /// A listener's answer to a remote `Incoming`: accept with this
@@ -171,7 +176,12 @@ pub enum Reply {
     /// The host address asked for is not this host.
     Unreachable,
     /// Counters, by name.
-    Stats(Vec<(String, u64)>),
+    Stats {
+        /// The counters from the index asked for on.
+        counters: Vec<(String, u64)>,
+        /// How many counters there are in all.
+        total: u32,
+    },
     /// The request was carried out.
     Done,
     /// The request was refused.
@@ -333,7 +343,10 @@ impl Request {
                 w = Writer::new(4);
                 put_connect(&mut w, c);
             }
-            Request::Stats => w = Writer::new(5),
+            Request::Stats { start } => {
+                w = Writer::new(5);
+                w.u32(*start);
+            }
             Request::Stop => w = Writer::new(6),
             Request::Accept { info } => {
                 w = Writer::new(7);
@@ -358,7 +371,7 @@ impl Request {
             }),
             3 => Request::Connect(get_connect(&mut r)?),
             4 => Request::PeerConnect(get_connect(&mut r)?),
-            5 => Request::Stats,
+            5 => Request::Stats { start: r.u32()? },
             6 => Request::Stop,
             7 => Request::Accept { info: r.bytes(MAX_INFO, "info too long")? },
             8 => Request::Reject,
@@ -403,8 +416,9 @@ impl Reply {
             Reply::Rejected => w = Writer::new(0x8a),
             Reply::NoMatch => w = Writer::new(0x85),
             Reply::Unreachable => w = Writer::new(0x86),
-            Reply::Stats(counters) => {
+            Reply::Stats { counters, total } => {
                 w = Writer::new(0x87);
+                w.u32(*total);
                 if counters.len() > MAX_STATS {
                     w.err.get_or_insert(ProtoError("too many counters"));
                 }
@@ -463,6 +477,7 @@ impl Reply {
             0x85 => Reply::NoMatch,
             0x86 => Reply::Unreachable,
             0x87 => {
+                let total = r.u32()?;
                 let n = r.u8()? as usize;
                 if n > MAX_STATS {
                     return Err(ProtoError("too many counters"));
@@ -471,7 +486,7 @@ impl Reply {
                 for _ in 0..n {
                     counters.push((r.text()?, r.u64()?));
                 }
-                Reply::Stats(counters)
+                Reply::Stats { counters, total }
             }
             0x88 => Reply::Done,
             0x89 => Reply::Error {
@@ -518,7 +533,7 @@ mod tests {
             }),
             Request::Connect(connect_req()),
             Request::PeerConnect(connect_req()),
-            Request::Stats,
+            Request::Stats { start: 70 },
             Request::Stop,
             Request::Accept { info: vec![3; MAX_INFO] },
             Request::Accept { info: vec![] },
@@ -560,7 +575,7 @@ mod tests {
             Reply::Rejected,
             Reply::NoMatch,
             Reply::Unreachable,
-            Reply::Stats(vec![("sessions".into(), 3), ("uptime_seconds".into(), 9)]),
+            Reply::Stats { counters: vec![("sessions".into(), 3), ("uptime_seconds".into(), 9)], total: 80 },
             Reply::Done,
             Reply::Error { kind: ErrorKind::UnknownDevice, message: "no such device".into() },
         ]
@@ -594,7 +609,7 @@ mod tests {
 
     #[test]
     fn trailing_bytes_version_and_tag_are_checked() {
-        let mut buf = Request::Stats.encode().unwrap();
+        let mut buf = Request::Stats { start: 0 }.encode().unwrap();
         buf.push(0);
         assert_eq!(Request::decode(&buf), Err(ProtoError("trailing bytes")));
         assert!(Request::decode(&[VERSION + 1, 5]).is_err());

@@ -307,7 +307,7 @@ fn departed_listener_is_not_matched() {
 fn malformed_messages_are_counted_and_closed() {
     let v = Viad::start("bad", &[]);
     let ib = inbox();
-    let stats = proto::Request::Stats.encode().unwrap();
+    let stats = proto::Request::Stats { start: 0 }.encode().unwrap();
     let bad: [(&[u8], &[BorrowedFd]); 4] =
         [(b"\x01\x02garbage", &[]), (b"\x09\x05", &[]), (&stats, &[ib.as_fd()]), (&[1, 3, 200, 0], &[])];
     for (i, (msg, fds)) in bad.iter().enumerate() {
