@@ -80,10 +80,11 @@ impl SharedRegion {
     }
 
     fn mmap(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
+        // Populated now, so that the data path never takes a page fault (a
+        // ring's slots are first written one page at a time otherwise).
+        let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
         // SAFETY: a fresh shared mapping of a file that cannot shrink below `len`.
-        let p = unsafe {
-            libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
-        };
+        let p = unsafe { libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
