@@ -84,7 +84,8 @@ impl SharedRegion {
         // ring's slots are first written one page at a time otherwise).
         let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
         // SAFETY: a fresh shared mapping of a file that cannot shrink below `len`.
-        let p = unsafe { libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd.as_raw_fd(), 0) };
+        let p =
+            unsafe { libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
