@@ -84,6 +84,9 @@ pub struct Options {
     /// Payload bytes per packet of the UDP transport (VIA_SEGMENT_SIZE) and of raw-udp.
     #[arg(long, value_parser = parse_bytes)]
     pub segment: Option<usize>,
+    /// tcp: SO_SNDBUF and SO_RCVBUF of both ends (default: the kernel's autotuning).
+    #[arg(long, value_parser = parse_bytes)]
+    pub sockbuf: Option<usize>,
     /// VIA modes: drive N VIs at once, all on one CQ, in turn (`--vis 1`: one VI on a CQ).
     #[arg(long)]
     pub vis: Option<u32>,
@@ -230,6 +233,7 @@ impl Options {
                         device: self.device(),
                         reliability: self.reliability,
                         segment: self.segment.map(|s| s as u32),
+                        sockbuf: self.sockbuf.map(|s| s.min(u32::MAX as usize) as u32),
                         max_block,
                         desc_size: self.desc_size.max(64),
                         ring: self.descriptors,

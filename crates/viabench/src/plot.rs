@@ -136,6 +136,7 @@ mod tests {
                 device: "/dev/via_lo".into(),
                 reliability: Reliability::Delivery,
                 segment: None,
+                sockbuf: None,
                 max_block: 1 << 20,
                 desc_size: 1 << 20,
                 ring: 16,

@@ -173,6 +173,10 @@ pub struct TestSpec {
     /// `VIA_SEGMENT_SIZE` for the UDP transport, and the datagram payload of
     /// `raw-udp`.
     pub segment: Option<u32>,
+    /// `tcp`: SO_SNDBUF and SO_RCVBUF of both ends, in bytes; `None`: the
+    /// kernel's default (autotuned).
+    #[serde(default)]
+    pub sockbuf: Option<u32>,
     /// The largest block of the test.
     pub max_block: usize,
     /// Bytes per descriptor: larger blocks are split.
@@ -351,6 +355,7 @@ mod tests {
             device: "/dev/via_lo".into(),
             reliability: Reliability::Reception,
             segment: Some(8192),
+            sockbuf: None,
             max_block: 1 << 20,
             desc_size: 65536,
             ring: 16,

@@ -6,6 +6,7 @@ use crate::proto::TestSpec;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// One block size of one test.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -27,6 +28,9 @@ pub struct Row {
     pub mbit_per_s: f64,
     /// Both sides checked the first and the last block of every trial.
     pub verified: bool,
+    /// One-way time of every trial in microseconds, in the order measured:
+    /// the spread across repetitions.
+    pub trial_us: Vec<f64>,
 }
 
 impl Row {
@@ -42,7 +46,14 @@ impl Row {
             mb_per_s: rate / 1e6,
             mbit_per_s: rate * 8.0 / 1e6,
             verified,
+            trial_us: Vec::new(),
         }
+    }
+
+    /// The same row with the one-way time of every trial.
+    pub fn with_trials(mut self, trials: &[Duration]) -> Row {
+        self.trial_us = trials.iter().map(|t| t.as_secs_f64() * 1e6).collect();
+        self
     }
 
     /// NetPIPE's throughput: bits per second over 2^20.
@@ -250,6 +261,7 @@ mod tests {
             device: "/dev/via_lo".into(),
             reliability: Reliability::Delivery,
             segment: None,
+            sockbuf: None,
             max_block: 1 << 20,
             desc_size: 1 << 20,
             ring: 16,

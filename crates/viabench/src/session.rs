@@ -168,17 +168,20 @@ impl ClientSession {
         };
         let mut reps = reps_for(plan.min_time, guess);
         let mut best: Option<(Duration, u64, Duration)> = None;
+        let mut trials = Vec::with_capacity(plan.trials.max(1) as usize);
         for _ in 0..plan.trials.max(1) {
             let elapsed = self.run(link, pattern, size, reps)?;
             let per_iteration = elapsed / reps as u32;
             let per_msg = per_message(pattern, elapsed, reps);
+            trials.push(per_msg);
             if best.is_none_or(|b| per_msg < b.0) {
                 best = Some((per_msg, reps, per_iteration));
             }
             reps = reps_for(plan.min_time, per_iteration);
         }
         let (per_msg, reps, per_iteration) = best.expect("at least one trial");
-        Ok((Row::new(size, per_msg.as_secs_f64(), reps, plan.trials.max(1), true), per_iteration))
+        let row = Row::new(size, per_msg.as_secs_f64(), reps, plan.trials.max(1), true).with_trials(&trials);
+        Ok((row, per_iteration))
     }
 
     /// Times one iteration of the first size: runs of growing length until

@@ -8,6 +8,7 @@ use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 /// The server's listening socket for the data connection.
@@ -19,7 +20,13 @@ pub struct TcpPending {
 impl TcpPending {
     /// Listens on an ephemeral port of `ip`.
     pub fn listen(spec: &TestSpec, ip: IpAddr) -> Result<TcpPending> {
-        Ok(TcpPending { listener: TcpListener::bind(SocketAddr::new(ip, 0))?, spec: spec.clone() })
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))?;
+        // Set on the listener, the sizes hold for the accepted connection
+        // from its first segment (the window it advertises).
+        if let Some(bytes) = spec.sockbuf {
+            set_buffers(&listener, bytes)?;
+        }
+        Ok(TcpPending { listener, spec: spec.clone() })
     }
 }
 
@@ -68,6 +75,9 @@ impl TcpLink {
 
     fn new(stream: TcpStream, spec: &TestSpec, side: Side) -> Result<TcpLink> {
         stream.set_nodelay(true)?;
+        if let Some(bytes) = spec.sockbuf {
+            set_buffers(&stream, bytes)?;
+        }
         let timeout = Duration::from_millis(spec.timeout_ms);
         match spec.wait {
             Wait::Poll => stream.set_nonblocking(true)?,
@@ -156,6 +166,34 @@ impl Link for TcpLink {
     fn stats(&self) -> LinkStats {
         LinkStats { messages: self.messages, ..Default::default() }
     }
+}
+
+/// Sets SO_SNDBUF and SO_RCVBUF to `bytes`: with the `FORCE` options where
+/// the process may exceed the system's maximum (`net.core.*mem_max`), else
+/// the plain ones, which the kernel caps.
+fn set_buffers(socket: &impl AsRawFd, bytes: u32) -> Result<()> {
+    let value = bytes.min(i32::MAX as u32 / 2) as libc::c_int;
+    for (force, plain) in [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)] {
+        let set = |option| {
+            // SAFETY: an open socket and an int option value of the right size.
+            unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    option,
+                    &value as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        if set(force) != 0 && set(plain) != 0 {
+            return Err(Error::new(format!(
+                "setting TCP socket buffers to {bytes}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl LinkServer for TcpLink {

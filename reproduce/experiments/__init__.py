@@ -1,0 +1,1 @@
+"""One module per paper (or per shared sweep): what it runs and how it reads."""

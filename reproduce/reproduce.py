@@ -1,0 +1,137 @@
+"""Runs the experiments of the VIA papers on openvia and writes the report.
+
+    reproduce.py [--quick] [--only NAME,...] [--reuse] [--out DIR] [--report FILE]
+
+--quick    a reduced run of every experiment (the CI smoke run)
+--only     experiments to run (baker, farrell, banikazemi, segment, yoon, mckenzie)
+--reuse    measure nothing: render the report from the raw results in --out
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from lab import Lab  # noqa: E402
+from report import Papers, Plots, reference_block  # noqa: E402
+from experiments import baker, farrell, banikazemi, segment, yoon, mckenzie  # noqa: E402
+
+EXPERIMENTS = {m.__name__.split(".")[-1]: m for m in (baker, farrell, banikazemi, segment, yoon, mckenzie)}
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return "%d CPUs (%s), %s %s" % (os.cpu_count() or 0, model, platform.system(), platform.release())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--reuse", action="store_true")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--report", default=os.path.join(HERE, "report.md"))
+    args = ap.parse_args()
+    names = [n for n in args.only.split(",") if n] or list(EXPERIMENTS)
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        ap.error("unknown experiment %s (known: %s)" % (", ".join(unknown), ", ".join(EXPERIMENTS)))
+    root = os.path.dirname(HERE)
+    out = os.path.abspath(args.out)
+    report_path = os.path.abspath(args.report)
+    with open(os.path.join(HERE, "papers.json")) as f:
+        papers = Papers(json.load(f))
+
+    def log(text):
+        print(text, file=sys.stderr, flush=True)
+
+    lab = Lab(root, out, quick=args.quick, reuse=args.reuse, log=log)
+    started = time.time()
+    results = {}
+    try:
+        for name in names:
+            path = os.path.join(out, name + ".data.json")
+            if args.reuse:
+                results[name] = Lab.load(path)
+                continue
+            log("== %s: %s" % (name, EXPERIMENTS[name].TITLE))
+            results[name] = EXPERIMENTS[name].run(lab)
+            with open(path, "w") as f:
+                json.dump(results[name], f)
+    finally:
+        lab.close()
+    elapsed = time.time() - started
+
+    plot_dir = os.path.join(os.path.dirname(report_path), "plots")
+    plots = Plots(plot_dir, os.path.relpath(plot_dir, os.path.dirname(report_path)))
+    summary, body = [], []
+    for name in names:
+        module = EXPERIMENTS[name]
+        data = results.get(name)
+        body.append("## %s\n" % module.TITLE)
+        for eid in module.IDS:
+            e = papers.experiment(eid)
+            paper = papers.paper(e.get("paper", ""))
+            body.append("### %s — %s\n" % (paper.get("cite", eid).split(",")[0] + " et al." if paper else eid,
+                                           e.get("source", "")))
+            if e.get("question"):
+                body.append("*Question:* %s\n" % e["question"])
+            if e.get("finding"):
+                body.append("*What the paper found:* %s\n" % e["finding"])
+            if paper.get("hardware"):
+                body.append("*Their testbed:* %s\n" % paper["hardware"])
+            ref = reference_block(papers, eid)
+            if ref:
+                body.append(ref + "\n")
+        body.append("### openvia on this machine\n")
+        if data is None:
+            body.append("Not measured (no raw results in `%s`).\n" % os.path.relpath(out, root))
+            continue
+        section = module.render(data, papers, plots)
+        body.append(section.markdown() + "\n")
+        held = sum(1 for v in section.verdicts if v[1] is True)
+        missed = sum(1 for v in section.verdicts if v[1] is False)
+        summary.append((module.TITLE, ", ".join(module.IDS), held, missed, len(section.verdicts)))
+
+    lines = ["# The VIA papers, rerun on openvia", ""]
+    lines.append("Written by `reproduce/run%s` on %s in %.0f minutes of measuring; machine: %s.  Hosts for the "
+                 "network experiments are two network namespaces joined by a veth pair on this machine; "
+                 "shared-memory experiments run two processes on it."
+                 % (" --quick" if args.quick else "", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    elapsed / 60, machine()))
+    lines.append("")
+    if args.quick:
+        lines += ["**A quick run: few sizes, one short trial each.  Its numbers show that every experiment runs, "
+                  "not what the machine can do.**", ""]
+    lines += ["| experiment | paper's experiments | conclusions that hold | do not hold | checked |",
+              "|---|---|---:|---:|---:|"]
+    for title, ids, held, missed, total in summary:
+        lines.append("| %s | %s | %d | %d | %d |" % (title, ids, held, missed, total))
+    lines.append("")
+    if lab.notes:
+        lines += ["Notes from the run:", ""] + ["- " + n for n in lab.notes] + [""]
+    lines += body
+    lines.append("Raw results: `%s` (viabench JSON, logs, criterion output, profiles)." %
+                 os.path.relpath(out, os.path.dirname(report_path)))
+    os.makedirs(os.path.dirname(report_path), exist_ok=True)
+    with open(report_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    log("wrote %s" % report_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
