@@ -14,8 +14,9 @@
 #   make test-cluster         stage an install, run the multi-host tests on hosts
 #                             emulated by network namespaces (tests/cluster/run.sh;
 #                             needs root and iproute2, else every case is skipped)
+#   make test-reproduce       a reduced run of the papers' experiments (reproduce/run --quick)
 #   make test                 Rust tests and clippy, then test-c, test-c-asan,
-#                             test-c-valgrind and test-cluster
+#                             test-c-valgrind, test-cluster, test-bench and test-reproduce
 #
 # test-c, test-c-asan, test-c-valgrind, test-cluster and example install into the staging
 # prefix build/stage unless PREFIX is given.
@@ -105,6 +106,7 @@ test: setup
 	$(MAKE) --no-print-directory test-c-valgrind
 	$(MAKE) --no-print-directory test-cluster
 	$(MAKE) --no-print-directory test-bench
+	$(MAKE) --no-print-directory test-reproduce
 
 test-rust:
 	$(CARGO) fmt --all -- --check
@@ -196,3 +198,13 @@ bench:
 test-bench:
 	bash bench/compare --quick --out $(BUILD)/bench/out --report $(BUILD)/bench/report.md
 	@test -s $(BUILD)/bench/report.md && grep -q "viabench via-send" $(BUILD)/bench/report.md
+
+# A smoke run of the papers' experiments (not a timed test): every experiment
+# runs reduced and the report is written, under build/.
+.PHONY: test-reproduce
+test-reproduce:
+	reproduce/run --quick --out $(BUILD)/reproduce/out --report $(BUILD)/reproduce/report.md
+	@for e in "Baker" "Farrell" "Banikazemi" "Yoon" "McKenzie"; do \
+		grep -q "^### $$e" $(BUILD)/reproduce/report.md || { echo "reproduce: no $$e section"; exit 1; }; \
+	done
+	@! grep -q "^Not measured" $(BUILD)/reproduce/report.md || { echo "reproduce: an experiment measured nothing"; exit 1; }

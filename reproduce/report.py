@@ -46,6 +46,21 @@ def grows(points, factor, evidence):
     return r >= factor, "%s: %.3g at %s, %.3g at %s (%.2f×)" % (evidence, y0, x0, y1, x1, r)
 
 
+def both(a, b):
+    """Two verdicts that must both hold."""
+    holds = None if a[0] is None or b[0] is None else a[0] and b[0]
+    return holds, a[1] + "; " + b[1]
+
+
+def within(a, b, factor, evidence):
+    """(holds, evidence): whether a and b differ by less than `factor`."""
+    text = evidence % (num(a, "{:.3g}"), num(b, "{:.3g}"))
+    if not a or not b:
+        return None, text + " (not measured)"
+    r = max(a, b) / min(a, b)
+    return r < factor, "%s (%.2f×)" % (text, r)
+
+
 def flat(points, factor, evidence):
     """(holds, evidence): whether the largest y is below `factor` times the
     smallest."""
@@ -70,6 +85,12 @@ class Papers:
 
     def paper(self, key):
         return self.data.get("papers", {}).get(key, {})
+
+    def claim(self, eid, cid):
+        for c in self.experiment(eid).get("claims", []):
+            if c.get("id") == cid:
+                return c.get("text")
+        return None
 
     def series(self, eid):
         return self.experiment(eid).get("series", [])
@@ -102,6 +123,11 @@ class Section:
         conclusion that does not hold here."""
         holds, evidence = verdict
         self.verdicts.append((text, holds, evidence, why_not if holds is False else ""))
+
+    def paper_claim(self, papers, eid, cid, verdict, why_not=""):
+        """A conclusion the paper states (`papers.json`), checked."""
+        text = papers.claim(eid, cid) or cid
+        self.claim(text, verdict, why_not)
 
     def markdown(self):
         out = list(self.parts)

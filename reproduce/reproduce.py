@@ -85,12 +85,13 @@ def main():
         for eid in module.IDS:
             e = papers.experiment(eid)
             paper = papers.paper(e.get("paper", ""))
-            body.append("### %s — %s\n" % (paper.get("cite", eid).split(",")[0] + " et al." if paper else eid,
-                                           e.get("source", "")))
+            body.append("### %s — %s\n" % (paper.get("short", eid), e.get("source", "")))
             if e.get("question"):
                 body.append("*Question:* %s\n" % e["question"])
             if e.get("finding"):
                 body.append("*What the paper found:* %s\n" % e["finding"])
+            if paper.get("cite"):
+                body.append("*Paper:* %s\n" % paper["cite"])
             if paper.get("hardware"):
                 body.append("*Their testbed:* %s\n" % paper["hardware"])
             ref = reference_block(papers, eid)
