@@ -156,6 +156,10 @@ test-c-tuning: test-c-build
 		echo "== $$t" | tr , ' '; \
 		env $$(echo $$t | tr , ' ') STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/c $(TESTS); \
 	done
+	@if command -v taskset >/dev/null 2>&1; then \
+		echo "== every process on CPU 0 (polls and spins yield the CPU)"; \
+		VT_WRAPPER="taskset -c 0" STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/c $(TESTS); \
+	fi
 
 test-c-valgrind: test-c-build
 	STAGE=$(STAGE) VT_TIMEOUT=300 \

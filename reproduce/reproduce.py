@@ -3,7 +3,8 @@
     reproduce.py [--quick] [--only NAME,...] [--reuse] [--out DIR] [--report FILE]
 
 --quick    a reduced run of every experiment (the CI smoke run)
---only     experiments to run (baker, farrell, banikazemi, segment, yoon, mckenzie)
+--only     experiments to measure (baker, farrell, banikazemi, segment, yoon, mckenzie);
+           the others are reported from their earlier results in --out, if any
 --reuse    measure nothing: render the report from the raw results in --out
 """
 
@@ -60,26 +61,38 @@ def main():
 
     lab = Lab(root, out, quick=args.quick, reuse=args.reuse, log=log)
     started = time.time()
-    results = {}
+    results, notes = {}, {}
     try:
-        for name in names:
+        for name in EXPERIMENTS:
             path = os.path.join(out, name + ".data.json")
-            if args.reuse:
+            notes_path = os.path.join(out, name + ".notes.json")
+            if args.reuse or name not in names:
                 results[name] = Lab.load(path)
+                notes[name] = Lab.load(notes_path) or []
                 continue
             log("== %s: %s" % (name, EXPERIMENTS[name].TITLE))
+            before = len(lab.notes)
             results[name] = EXPERIMENTS[name].run(lab)
+            notes[name] = lab.notes[before:]
             with open(path, "w") as f:
                 json.dump(results[name], f)
+            with open(notes_path, "w") as f:
+                json.dump(notes[name], f)
     finally:
         lab.close()
     elapsed = time.time() - started
+    run_path = os.path.join(out, "run.json")
+    if args.reuse:
+        run = Lab.load(run_path) or {"minutes": 0, "quick": args.quick}
+    else:
+        run = {"minutes": elapsed / 60, "quick": args.quick, "measured": names}
+        with open(run_path, "w") as f:
+            json.dump(run, f)
 
     plot_dir = os.path.join(os.path.dirname(report_path), "plots")
     plots = Plots(plot_dir, os.path.relpath(plot_dir, os.path.dirname(report_path)))
     summary, body = [], []
-    for name in names:
-        module = EXPERIMENTS[name]
+    for name, module in EXPERIMENTS.items():
         data = results.get(name)
         body.append("## %s\n" % module.TITLE)
         for eid in module.IDS:
@@ -108,13 +121,13 @@ def main():
         summary.append((module.TITLE, ", ".join(module.IDS), held, missed, len(section.verdicts)))
 
     lines = ["# The VIA papers, rerun on openvia", ""]
-    lines.append("Written by `reproduce/run%s` on %s in %.0f minutes of measuring; machine: %s.  Hosts for the "
+    lines.append("Written by `reproduce/run%s` on %s after %.0f minutes of measuring; machine: %s.  Hosts for the "
                  "network experiments are two network namespaces joined by a veth pair on this machine; "
                  "shared-memory experiments run two processes on it."
-                 % (" --quick" if args.quick else "", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                    elapsed / 60, machine()))
+                 % (" --quick" if run["quick"] else "", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    run["minutes"], machine()))
     lines.append("")
-    if args.quick:
+    if run["quick"]:
         lines += ["**A quick run: few sizes, one short trial each.  Its numbers show that every experiment runs, "
                   "not what the machine can do.**", ""]
     lines += ["| experiment | paper's experiments | conclusions that hold | do not hold | checked |",
@@ -122,8 +135,9 @@ def main():
     for title, ids, held, missed, total in summary:
         lines.append("| %s | %s | %d | %d | %d |" % (title, ids, held, missed, total))
     lines.append("")
-    if lab.notes:
-        lines += ["Notes from the run:", ""] + ["- " + n for n in lab.notes] + [""]
+    all_notes = [n for name in EXPERIMENTS for n in notes.get(name, [])]
+    if all_notes:
+        lines += ["Notes from the run:", ""] + ["- " + n for n in all_notes] + [""]
     lines += body
     lines.append("Raw results: `%s` (viabench JSON, logs, criterion output, profiles)." %
                  os.path.relpath(out, os.path.dirname(report_path)))

@@ -94,6 +94,7 @@ impl Nic {
             eprintln!("openvia: {why}");
             return Err(ViaError::InvalidParameter);
         }
+        crate::timeout::check_cpus();
         let counters = crate::counters::Counters::new(device.trim_start_matches("/dev/"));
         let opened = match counters.page() {
             Some(page) => viad::client::Session::open_with_stats(device, page.fd()),

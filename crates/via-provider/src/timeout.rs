@@ -2,7 +2,7 @@
 //! that precedes sleeping.
 
 use crate::tuning::{tuning, Spin};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// `VIP_INFINITE`: values at or above it wait for ever.
@@ -37,7 +37,8 @@ impl Deadline {
 }
 
 /// How long a waiter spins before sleeping (`VIA_SPIN_US`: a fixed window,
-/// default 50 µs, or `adaptive`).
+/// default 50 µs, or `adaptive`).  Each empty poll of the spin goes
+/// through `idle_poll`, so a spin on one CPU lets the peer run.
 pub fn spin_window() -> Duration {
     match tuning().spin {
         Spin::Fixed(d) => d,
@@ -53,6 +54,35 @@ pub fn waited(took: Duration) {
         // A moving average over about eight waits; races only lose a sample.
         let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
         RECENT_WAIT_NS.store(new.max(1), Ordering::Relaxed);
+    }
+}
+
+/// Whether this process may run on one CPU only (its affinity, or the
+/// machine), as seen when a NIC last opened.
+static ONE_CPU: AtomicBool = AtomicBool::new(false);
+
+/// Looks at the CPUs this process may run on (`VipOpenNic`).
+pub fn check_cpus() {
+    // SAFETY: cpu_set_t is plain data, filled by the kernel.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: our own affinity into a set of the right size.
+    let ok = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } == 0;
+    // SAFETY: a set the kernel filled.
+    let one = ok && unsafe { libc::CPU_COUNT(&set) } == 1;
+    ONE_CPU.store(one, Ordering::Relaxed);
+}
+
+/// Called when a poll (`VipRecvDone`, `VipSendDone`, `VipCQDone`, and the
+/// spin of the waits) found nothing.  A process confined to one CPU may
+/// share it with the peer that must answer, so it offers the CPU to
+/// whoever else is ready there (`sched_yield`, which returns at once when
+/// nobody is): a polling application then waits as long as the peer needs,
+/// not a scheduler tick.  A process that may use several CPUs makes no
+/// system call on an empty poll.
+pub fn idle_poll() {
+    if ONE_CPU.load(Ordering::Relaxed) {
+        // SAFETY: no arguments; cannot fail in a way that matters here.
+        unsafe { libc::sched_yield() };
     }
 }
 

@@ -15,7 +15,7 @@ use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::Handle;
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{spin_window, waited, Deadline};
+use crate::timeout::{idle_poll, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::{progress, provider};
 use parking_lot::{Mutex, MutexGuard};
@@ -672,7 +672,10 @@ impl Vi {
             tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
             self.break_connection(LOST);
         }
-        got.ok_or(ViaError::NotDone)
+        got.ok_or_else(|| {
+            idle_poll();
+            ViaError::NotDone
+        })
     }
 
     /// `VipRecvWait`.
@@ -792,6 +795,8 @@ impl Vi {
         self.poll_net();
         let mut q = self.send.lock();
         if q.done == 0 {
+            drop(q);
+            idle_poll();
             return Err(ViaError::NotDone);
         }
         q.done -= 1;
