@@ -4,18 +4,18 @@
 //! - `direct` (default): `VipPostSend` carries the send out itself; there is
 //!   no doorbell.
 //! - `d1`: every VI has its own doorbell, a queue of posted descriptors and
-//!   a flag.  The NIC's send engine, a thread in the role of the NIC's
-//!   processor, scans the flags of every VI of the NIC in turn, so a send
-//!   waits longer the more VIs there are.
+//!   a flag.  The NIC's send engine scans the flags of every VI of the NIC
+//!   in turn, so a sweep costs more the more VIs there are.
 //! - `d2`: every VI of the NIC posts into one central send queue, which the
 //!   engine pops in order whatever the number of VIs.
 //!
-//! Whoever polls the NIC (`VipSendDone`, `VipRecvDone`, `VipCQDone` and the
-//! waits built on them) sweeps the doorbells first, so that an application
-//! waiting for an answer carries its own sends out, as a polling NIC
-//! processor would, without a thread switch.  The engine thread sweeps for
-//! sends nobody polls for: it sleeps until a doorbell wakes it, and ringing
-//! costs that wake-up (a system call) only while it sleeps.
+//! The engine runs in whichever thread calls into the NIC, as a polling NIC
+//! processor picks a doorbell up: `VipPostSend` rings and then sweeps, and
+//! `VipSendDone`, `VipRecvDone`, `VipCQDone` and the waits built on them
+//! sweep before they look for completions.  One sweeper at a time: a thread
+//! that finds the engine busy leaves its doorbell to the engine's own thread
+//! (`openvia-send`), which sleeps until such a doorbell wakes it and then
+//! waits its turn, so no rung send is ever left behind.
 
 use crate::counters::Counter;
 use crate::tuning::{tuning, Doorbell};
@@ -110,11 +110,14 @@ impl SendEngine {
         }
     }
 
-    /// Carries out every send rung so far, unless another thread is at it;
-    /// false if there was none.
+    /// Carries out every send rung so far; false if another thread is at
+    /// it (it may have passed a doorbell rung since).
     pub fn sweep(&self) -> bool {
         match self.sweeper.try_lock() {
-            Some(mut sweeper) => self.sweep_locked(&mut sweeper),
+            Some(mut sweeper) => {
+                self.sweep_locked(&mut sweeper);
+                true
+            }
             None => false,
         }
     }
@@ -158,6 +161,7 @@ impl SendEngine {
             let word = self.word.load(Ordering::SeqCst);
             // Sweeps once more after announcing the sleep: a doorbell rung
             // before `word` was read is found here, one rung after wakes us.
+            // Waits for a sweeper under way: it may have passed the doorbell.
             let mut sweeper = self.sweeper.lock();
             let found = self.sweep_locked(&mut sweeper);
             drop(sweeper);
@@ -197,7 +201,9 @@ pub(crate) fn ring(vi: &Arc<Vi>, desc: DescPtr, mem: u32) {
         }
         _ => engine.central.lock().push_back((vi.clone(), r)),
     }
-    engine.wake();
+    if !engine.sweep() {
+        engine.wake();
+    }
 }
 
 /// The engine takes one rung send and carries it out.
