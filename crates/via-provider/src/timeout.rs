@@ -2,7 +2,7 @@
 //! that precedes sleeping.
 
 use crate::tuning::{tuning, Spin};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// `VIP_INFINITE`: values at or above it wait for ever.
@@ -42,18 +42,62 @@ impl Deadline {
 pub fn spin_window() -> Duration {
     match tuning().spin {
         Spin::Fixed(d) => d,
-        Spin::Adaptive => adaptive_window(RECENT_WAIT_NS.load(Ordering::Relaxed)),
+        Spin::Adaptive => ADAPTIVE.lock().window(),
     }
 }
 
 /// Tells the adaptive spin how long a wait that succeeded took.
 pub fn waited(took: Duration) {
     if tuning().spin == Spin::Adaptive {
+        ADAPTIVE.lock().record(took);
+    }
+}
+
+/// What the adaptive spin has seen of recent waits.
+static ADAPTIVE: parking_lot::Mutex<Adaptive> = parking_lot::Mutex::new(Adaptive::new());
+
+/// The longest adaptive spin.
+const ADAPTIVE_MAX: Duration = Duration::from_micros(500);
+
+/// The adaptive spin, as interrupt coalescing waits a little for the next
+/// packet: it spins twice as long as quick answers have been taking, if
+/// most answers are quick.  A wait is quick when it ends within
+/// `ADAPTIVE_MAX`; a long one (the peer computing, or idle) only lowers the
+/// share of quick ones, so one idle spell does not stop the spinning for
+/// the quick answers that follow.  When most waits are long, spinning only
+/// burns the CPU the peer may need: sleep at once.
+#[derive(Debug, Clone, Copy)]
+struct Adaptive {
+    /// Mean of recent quick waits, ns (0: none yet).
+    quick_ns: u64,
+    /// Share of quick waits among recent ones, in 1/1024.
+    quick_share: u32,
+}
+
+impl Adaptive {
+    const fn new() -> Adaptive {
+        Adaptive { quick_ns: 0, quick_share: 1024 }
+    }
+
+    /// Moving averages over about eight waits.
+    fn record(&mut self, took: Duration) {
         let ns = took.as_nanos().min(u64::MAX as u128) as u64;
-        let old = RECENT_WAIT_NS.load(Ordering::Relaxed);
-        // A moving average over about eight waits; races only lose a sample.
-        let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
-        RECENT_WAIT_NS.store(new.max(1), Ordering::Relaxed);
+        let quick = took <= ADAPTIVE_MAX;
+        self.quick_share = self.quick_share - self.quick_share / 8 + if quick { 1024 / 8 } else { 0 };
+        if quick {
+            self.quick_ns =
+                if self.quick_ns == 0 { ns.max(1) } else { (self.quick_ns - self.quick_ns / 8 + ns / 8).max(1) };
+        }
+    }
+
+    fn window(&self) -> Duration {
+        if self.quick_share < 512 {
+            return Duration::ZERO;
+        }
+        if self.quick_ns == 0 {
+            return Duration::from_micros(50);
+        }
+        Duration::from_nanos(self.quick_ns.saturating_mul(2)).clamp(Duration::from_micros(2), ADAPTIVE_MAX)
     }
 }
 
@@ -86,34 +130,41 @@ pub fn idle_poll() {
     }
 }
 
-/// The mean of recent waits, in nanoseconds (0: none yet).
-static RECENT_WAIT_NS: AtomicU64 = AtomicU64::new(0);
-
-/// The longest adaptive spin.
-const ADAPTIVE_MAX: Duration = Duration::from_micros(500);
-
-/// Spin a little longer than answers have been taking, as interrupt
-/// coalescing waits a little for the next packet; when answers take longer
-/// than `ADAPTIVE_MAX`, spinning only burns the CPU the peer may need, so
-/// sleep at once.
-fn adaptive_window(mean_ns: u64) -> Duration {
-    let window = Duration::from_nanos(mean_ns.saturating_mul(2));
-    match mean_ns {
-        0 => Duration::from_micros(50),
-        _ if window > ADAPTIVE_MAX => Duration::ZERO,
-        _ => window.max(Duration::from_micros(2)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn after(waits_us: &[u64]) -> Duration {
+        let mut a = Adaptive::new();
+        for &w in waits_us {
+            a.record(Duration::from_micros(w));
+        }
+        a.window()
+    }
+
     #[test]
-    fn adaptive_window_follows_recent_waits() {
-        assert_eq!(adaptive_window(0), Duration::from_micros(50));
-        assert_eq!(adaptive_window(10_000), Duration::from_micros(20));
-        assert_eq!(adaptive_window(100), Duration::from_micros(2));
-        assert_eq!(adaptive_window(400_000), Duration::ZERO);
+    fn adaptive_window_follows_quick_waits() {
+        assert_eq!(after(&[]), Duration::from_micros(50));
+        assert_eq!(after(&[10; 20]), Duration::from_micros(20));
+        assert_eq!(after(&[0; 20]), Duration::from_micros(2));
+        assert_eq!(after(&[300; 20]), ADAPTIVE_MAX);
+    }
+
+    #[test]
+    fn one_long_wait_does_not_stop_the_spin() {
+        let mut waits = vec![10; 20];
+        waits.push(50_000);
+        waits.push(10);
+        assert_eq!(after(&waits), Duration::from_micros(20));
+    }
+
+    #[test]
+    fn mostly_long_waits_sleep_at_once() {
+        assert_eq!(after(&[5_000; 20]), Duration::ZERO);
+        let mut waits = vec![5_000; 20];
+        waits.extend([10; 3]);
+        assert_eq!(after(&waits), Duration::ZERO);
+        waits.extend([10; 10]);
+        assert_eq!(after(&waits), Duration::from_micros(20));
     }
 }
