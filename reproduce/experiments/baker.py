@@ -6,6 +6,11 @@ from lab import latency, peak, curve
 from report import Section, mbps, us, compare, within
 
 IDS = ["baker_table1", "baker_curves"]
+
+UDP_WHY = ("openvia's UDP transport does more per message than the kernel's TCP on this path: a `recvmmsg` system "
+           "call on every poll, its reliability protocol in user space and a helper thread woken by arriving "
+           "datagrams (its 4-byte latency is several times the bare UDP floor, docs/performance.md); TCP over a veth "
+           "pair takes no NIC interrupt and its small-message path is two system calls per side.")
 TITLE = "TCP against VIA polling and blocking, one CPU or two, MTU 1500 and 9000"
 
 CONTENDERS = [("via-send/pingpong/poll", "VIA polling"), ("via-send/pingpong/block", "VIA blocking"),
@@ -55,13 +60,11 @@ def render(data, papers, plots):
             s.paper_claim(papers, t1, "via_latency_below_tcp",
                           compare(get(1500, cpu, tcp), ">=", 1.5 * v if v else None,
                                   "%s, VIA %s: TCP %%s µs, 1.5 × VIA %%s µs" % (what, name)),
-                          "over a veth pair TCP crosses no NIC and takes no interrupt: its 4-byte round trip is two "
-                          "system calls per side, as is the UDP transport's, so VIA's advantage shrinks to what the "
-                          "kernel's TCP does beyond UDP.")
+                          UDP_WHY)
     s.paper_claim(papers, t1, "uni_poll_equals_block",
                   within(get(1500, "same", poll), get(1500, "same", block), 1.25, "one CPU: polling %s µs, blocking %s µs"),
-                  "with both processes on one CPU a polling side runs until the scheduler preempts it, so polling "
-                  "pays a scheduling round per message while a blocking side hands the CPU over at once.")
+                  "a poller confined to one CPU yields it at every empty poll (docs/tuning.md), but each yield and "
+                  "each `recvmmsg` of the poll is a system call that a sleeping waiter does not make.")
     s.paper_claim(papers, t1, "smp_poll_not_above_block",
                   compare(get(1500, "split", poll), "<=", get(1500, "split", block), "polling %s µs, blocking %s µs"))
     s.paper_claim(papers, t1, "smp_raises_mvia_latency",
@@ -79,7 +82,9 @@ def render(data, papers, plots):
                   "with a CPU each, sender and receiver work in parallel instead of taking turns.")
     s.paper_claim(papers, cv, "poll_slightly_above_block",
                   within(get(1500, "split", poll, "bw"), get(1500, "split", block, "bw"), 1.1,
-                         "peak polling %s MB/s, blocking %s MB/s"))
+                         "peak polling %s MB/s, blocking %s MB/s"),
+                  "on two cores, two polling sides keep both CPUs busy, and the kernel's veth delivery and the "
+                  "provider's helper thread wait for them; a blocking side leaves its CPU to that work.")
     s.paper_claim(papers, cv, "larger_mtu_raises_peak",
                   compare(get(9000, "split", poll, "bw"), ">", get(1500, "split", poll, "bw"),
                           "VIA: MTU 9000 %s MB/s, MTU 1500 %s MB/s"))

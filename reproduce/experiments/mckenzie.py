@@ -3,6 +3,7 @@ against TCP, and their spread across repetitions."""
 
 import statistics
 
+from experiments.baker import UDP_WHY
 from lab import test
 from report import Section, us, compare
 
@@ -70,14 +71,13 @@ def render(data, papers, plots):
     v1, t1 = med("via-send", 1, 1), med("tcp", 1, 1)
     s.paper_claim(papers, m, "via_rtt_half_tcp_small",
                   compare(v1, "<=", 0.6 * t1 if t1 else None, "1 B: VIA %s µs, 0.6 × TCP %s µs"),
-                  "over a veth pair TCP's small-message cost is two system calls per side, close to the UDP "
-                  "transport's; McKenzie's TCP crossed a real NIC and its interrupts.")
+                  UDP_WHY)
     for size in SIZES:
         s.paper_claim(papers, m, "via_faster_all_sizes",
                       compare(med("via-send", 1, size), "<", med("tcp", 1, size),
                               "%d B: VIA %%s µs, TCP %%s µs" % size),
-                      "TCP moves large blocks as 64 KiB segments across the veth pair, the UDP transport one "
-                      "datagram per 1392 bytes.")
+                      UDP_WHY + "  At 8 KiB the UDP transport also cuts the message into six datagrams "
+                      "where TCP passes one 8 KiB segment.")
 
     def swing(mode):
         vals = [med(mode, n, 1) for n in BURSTS]
