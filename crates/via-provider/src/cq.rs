@@ -236,6 +236,7 @@ impl Cq {
                 CqMode::Entries => Duration::from_millis(50),
                 CqMode::Scan => SCAN_NAP,
             };
+            let _port = self.nic.sleep_on_port();
             self.nic.inbox.wait(self.index, Some(deadline.next_sleep(nap)));
         }
     }

@@ -15,6 +15,7 @@ use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
@@ -40,6 +41,62 @@ pub struct NetPort {
     engine: Mutex<Batch>,
     /// The NIC's counters.
     pub counters: Counters,
+    /// Who drains the socket: the application while it polls, the helper
+    /// thread otherwise (`Handover`).
+    pub(crate) handover: Handover,
+    /// The port's token in the helper thread's epoll.
+    pub(crate) token: AtomicU64,
+}
+
+/// How long after the application's last poll the helper thread takes
+/// the socket over: packets then wait at most this long for someone to
+/// read them while the application neither polls nor sleeps in a wait.
+pub(crate) const QUIET: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The hand-over of a port's socket between the application and the helper
+/// thread.  The helper thread's epoll reports the socket once (one-shot) and
+/// is armed again only when the helper thread takes over, so a datagram
+/// that arrives while the application polls wakes no other thread: the
+/// poll that is running reads it.
+#[derive(Default)]
+pub(crate) struct Handover {
+    /// When the application last polled (ns since `epoch()`).
+    app_polled: AtomicU64,
+    /// Application threads asleep in a wait that this port's packets end.
+    sleepers: AtomicU32,
+    /// Whether the helper thread's epoll will report the socket.
+    pub(crate) armed: AtomicBool,
+}
+
+impl Handover {
+    /// Whether the helper thread should drain the socket now: somebody
+    /// sleeps on it, or the application has not polled for `QUIET`.
+    pub(crate) fn helper_drains(&self, now_ns: u64) -> bool {
+        self.sleepers.load(Ordering::SeqCst) > 0
+            || now_ns.saturating_sub(self.app_polled.load(Ordering::Relaxed)) >= QUIET.as_nanos() as u64
+    }
+
+    /// When the helper thread should look again, if it left the socket to
+    /// the application (ns since `epoch()`).
+    pub(crate) fn look_again_ns(&self) -> u64 {
+        self.app_polled.load(Ordering::Relaxed) + QUIET.as_nanos() as u64
+    }
+}
+
+/// Nanoseconds since the first call: the clock of the hand-over.
+pub(crate) fn epoch_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// An application thread asleep on a port: while it exists, the helper
+/// thread reads the socket as soon as a datagram arrives.
+pub(crate) struct PortSleep(Arc<NetPort>);
+
+impl Drop for PortSleep {
+    fn drop(&mut self) {
+        self.0.handover.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl NetPort {
@@ -76,6 +133,8 @@ impl NetPort {
                 MAX_DATAGRAM.min(HEADER_LEN + segment_size(nic.device.mtu as usize)) + 1,
             )),
             counters: nic.counters.clone(),
+            handover: Handover::default(),
+            token: AtomicU64::new(0),
         });
         crate::progress::watch_port(&port);
         Ok(port)
@@ -95,6 +154,23 @@ impl NetPort {
     /// Stops routing packets to VI id `vi`.
     pub fn unregister(&self, vi: u32) {
         self.vis.write().remove(&vi);
+    }
+
+    /// The application polls: drains the socket, and tells the helper thread
+    /// to leave it alone for a while.
+    pub fn poll_for_app(&self) {
+        self.handover.app_polled.store(epoch_ns(), Ordering::Relaxed);
+        self.poll();
+    }
+
+    /// An application thread is about to sleep until this port's packets
+    /// wake it: the helper thread must read the socket from now on.
+    pub(crate) fn sleep(self: &Arc<Self>) -> PortSleep {
+        self.handover.sleepers.fetch_add(1, Ordering::SeqCst);
+        if !self.handover.armed.swap(true, Ordering::SeqCst) {
+            crate::progress::arm_port(self);
+        }
+        PortSleep(self.clone())
     }
 
     /// Drains the socket, handing each packet to its VI.  Returns false when

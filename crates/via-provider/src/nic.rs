@@ -193,11 +193,17 @@ impl Nic {
         Ok(self.net_port.get_or_init(|| port).clone())
     }
 
-    /// Drains the network port, if one is open.
+    /// The application polls: drains the network port, if one is open.
     pub fn poll_net(&self) {
         if let Some(p) = self.net_port.get() {
-            p.poll();
+            p.poll_for_app();
         }
+    }
+
+    /// An application thread is about to sleep: the helper thread reads the
+    /// network port, if one is open, until the returned guard is dropped.
+    pub(crate) fn sleep_on_port(&self) -> Option<crate::net::PortSleep> {
+        self.net_port.get().map(|p| p.sleep())
     }
 
     /// Claims a CQ inbox index.

@@ -98,15 +98,42 @@ pub fn unwatch(conn: &Arc<Conn>) {
 }
 
 /// Serves a network port: its socket when the application is not polling
-/// it, and its sessions' timers.
+/// it (`net::Handover`), and its sessions' timers.
 pub fn watch_port(port: &Arc<NetPort>) {
     let h = helper();
     let mut ports = h.ports.lock();
     let index = ports.len() as u64;
     ports.push(Arc::downgrade(port));
     drop(ports);
-    add(h, port.raw_fd(), PORT_TOKEN | index, libc::EPOLLET as u32);
+    port.token.store(PORT_TOKEN | index, Ordering::Release);
+    port.handover.armed.store(true, Ordering::SeqCst);
+    add(h, port.raw_fd(), PORT_TOKEN | index, libc::EPOLLONESHOT as u32);
 }
+
+/// Arms the one-shot report of a port's socket again (the caller has set
+/// `armed`): a datagram already waiting is reported at once.
+pub fn arm_port(port: &NetPort) {
+    let h = helper();
+    let events = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
+    let mut ev = libc::epoll_event { events, u64: port.token.load(Ordering::Acquire) };
+    // SAFETY: the port's socket is open while the port lives.
+    unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_MOD, port.raw_fd(), &mut ev) };
+}
+
+/// The helper thread drains a port and arms its report again; false if
+/// another thread is draining it (then `service_ports` tries again soon).
+fn take_over(port: &NetPort) -> bool {
+    if !port.poll() {
+        return false;
+    }
+    port.handover.armed.store(true, Ordering::SeqCst);
+    arm_port(port);
+    true
+}
+
+/// How soon the helper thread tries again to take over a port that another
+/// thread was draining.
+const BUSY_RETRY: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// Makes sure the helper thread wakes by `deadline` (a session timer).
 pub fn kick_before(deadline: Instant) {
@@ -136,11 +163,24 @@ fn wake(h: &Helper) {
     unsafe { libc::write(h.wakeup.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
 }
 
-/// Runs the ports' timers; returns how long to sleep (None: until woken).
+/// Runs the ports' timers and takes over the sockets the application has
+/// stopped polling; returns how long to sleep (None: until woken).
 fn service_ports(h: &Helper) -> Option<std::time::Duration> {
     let ports: Vec<Arc<NetPort>> = h.ports.lock().iter().filter_map(Weak::upgrade).collect();
     let now = Instant::now();
-    match ports.iter().filter_map(|p| p.service(now)).min() {
+    let mut look_again = None;
+    for port in ports.iter().filter(|p| !p.handover.armed.load(Ordering::SeqCst)) {
+        let at = if !port.handover.helper_drains(crate::net::epoch_ns()) {
+            let ns = port.handover.look_again_ns().saturating_sub(crate::net::epoch_ns());
+            now + std::time::Duration::from_nanos(ns)
+        } else if take_over(port) {
+            continue;
+        } else {
+            now + BUSY_RETRY
+        };
+        look_again = Some(look_again.map_or(at, |t: Instant| t.min(at)));
+    }
+    match ports.iter().filter_map(|p| p.service(now)).chain(look_again).min() {
         None => {
             h.sleep_until.store(u64::MAX, Ordering::Release);
             None
@@ -173,9 +213,11 @@ fn run(h: &'static Helper) {
             } else if token & PORT_TOKEN != 0 {
                 let port = h.ports.lock().get((token & !PORT_TOKEN) as usize).and_then(Weak::upgrade);
                 if let Some(port) = port {
-                    // Edge-triggered: drain until empty, waiting if the application is at it.
-                    while !port.poll() {
-                        std::thread::yield_now();
+                    // One-shot: the report is spent.  Drain now if nobody else
+                    // will; otherwise `service_ports` looks again later.
+                    port.handover.armed.store(false, Ordering::SeqCst);
+                    if port.handover.helper_drains(crate::net::epoch_ns()) {
+                        take_over(&port);
                     }
                 }
             } else {

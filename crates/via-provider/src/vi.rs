@@ -339,10 +339,14 @@ impl Vi {
         (rules, a)
     }
 
-    /// Wakes everybody waiting on this VI.
+    /// Wakes everybody waiting on this VI.  The wake-up system call only
+    /// when somebody sleeps: a sleeper counts itself in `sleepers` before it
+    /// checks `wake_word` in `futex_wait`, so one of the two sees the other.
     pub(crate) fn bump(&self) {
-        self.wake_word.fetch_add(1, Ordering::Release);
-        futex::futex_wake(&self.wake_word, i32::MAX);
+        self.wake_word.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            futex::futex_wake(&self.wake_word, i32::MAX);
+        }
     }
 
     /// CQ2: whether a work queue has a completion `VipCQDone` has not
@@ -702,10 +706,13 @@ impl Vi {
             }
             let seg = self.recv.lock().seg.clone();
             let nap = deadline.next_sleep(Duration::from_millis(50));
+            let _port = self.nic.sleep_on_port();
             match seg {
                 Some(seg) => seg.rx().wait(Some(nap)),
                 None => {
+                    self.sleepers.fetch_add(1, Ordering::SeqCst);
                     futex::futex_wait(&self.wake_word, word, Some(nap));
+                    self.sleepers.fetch_sub(1, Ordering::SeqCst);
                 }
             }
         }
@@ -781,9 +788,7 @@ impl Vi {
             self.push_cq(false);
         }
         timer.stop(counters, Counter::CompleteNs, Some(Counter::Completions));
-        if self.sleepers.load(Ordering::Acquire) > 0 {
-            self.bump();
-        }
+        self.bump();
         if let Some(why) = broken {
             self.break_connection(why);
         }
@@ -808,7 +813,7 @@ impl Vi {
     pub(crate) fn poll_net(&self) {
         let link = self.net.lock().clone();
         if let Some(link) = link {
-            link.port.poll();
+            link.port.poll_for_app();
         }
     }
 
@@ -823,18 +828,22 @@ impl Vi {
             if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
                 return Err(ViaError::Timeout);
             }
-            self.sleepers.fetch_add(1, Ordering::AcqRel);
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            let port = self.nic.sleep_on_port();
             futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
-            self.sleepers.fetch_sub(1, Ordering::AcqRel);
+            drop(port);
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// Waits until the state changes or the deadline passes (peer connections).
     pub(crate) fn wait_change(&self, deadline: &Deadline) {
         let word = self.wake_word.load(Ordering::Acquire);
-        self.sleepers.fetch_add(1, Ordering::AcqRel);
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let port = self.nic.sleep_on_port();
         futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
-        self.sleepers.fetch_sub(1, Ordering::AcqRel);
+        drop(port);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
