@@ -134,7 +134,7 @@ class Lab:
     def trial_args(self):
         if self.quick:
             return ["--trials", "1", "--min-time", "0.003", "--max-time", "0.05"]
-        return ["--trials", "3", "--min-time", "0.02"]
+        return ["--trials", "5", "--min-time", "0.02"]
 
     def viabench(self, exp, tag, args, settings=None, across=False, mtu=None, trials=True):
         """Runs viabench and returns its JSON report (None if it failed).

@@ -25,12 +25,20 @@ def mbps(mb_per_s):
     return num(None if mb_per_s is None else mb_per_s * 8, "{:.0f}")
 
 
+# Two measurements closer than this (relative to the larger) do not decide
+# a strict comparison: the spread between runs on a shared machine is larger.
+MARGIN = 0.05
+
+
 def compare(a, op, b, evidence):
     """(holds, evidence): whether `a op b`, with both values written into
-    `evidence` (two `%s`); holds is None when either was not measured."""
+    `evidence` (two `%s`); holds is None when either was not measured, or
+    when `<` or `>` is asked of values within `MARGIN` of each other."""
     text = evidence % (num(a, "{:.3g}"), num(b, "{:.3g}"))
     if a is None or b is None:
         return None, text + " (not measured)"
+    if op in ("<", ">") and abs(a - b) <= MARGIN * max(abs(a), abs(b)):
+        return None, text + " (within %d %%: too close to call)" % round(MARGIN * 100)
     holds = {"<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]
     return holds, text
 
@@ -134,7 +142,7 @@ class Section:
         if self.verdicts:
             lines = ["| the paper's conclusion | on this machine | measured |", "|---|---|---|"]
             for text, holds, evidence, _ in self.verdicts:
-                mark = {True: "holds", False: "**does not hold**", None: "not measured"}[holds]
+                mark = {True: "holds", False: "**does not hold**", None: "undecided"}[holds]
                 lines.append("| %s | %s | %s |" % (text, mark, evidence))
             out.append("\n".join(lines))
             whys = ["- *%s* does not hold here: %s" % (t, w) for t, _, _, w in self.verdicts if w]

@@ -15,7 +15,7 @@
 use crate::counters::{Counter, StageTimer};
 use crate::handles::{Handle, Kind};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{idle_poll, spin_window, waited, Deadline};
+use crate::timeout::{busy_poll, idle_poll, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode};
 use crate::{provider, Vi};
 use parking_lot::Mutex;
@@ -173,10 +173,16 @@ impl Cq {
             CqMode::Scan => self.scan(),
         };
         timer.stop(&self.nic.counters, Counter::CqDoneNs, Some(Counter::CqDoneCalls));
-        found.ok_or_else(|| {
-            idle_poll();
-            ViaError::NotDone
-        })
+        match found {
+            Some(e) => {
+                busy_poll();
+                Ok(e)
+            }
+            None => {
+                idle_poll();
+                Err(ViaError::NotDone)
+            }
+        }
     }
 
     /// CQ1: the next entry of the inbox that names a queue of this CQ.

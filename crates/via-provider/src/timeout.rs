@@ -118,16 +118,42 @@ pub fn check_cpus() {
 
 /// Called when a poll (`VipRecvDone`, `VipSendDone`, `VipCQDone`, and the
 /// spin of the waits) found nothing.  A process confined to one CPU may
-/// share it with the peer that must answer, so it offers the CPU to
-/// whoever else is ready there (`sched_yield`, which returns at once when
-/// nobody is): a polling application then waits as long as the peer needs,
-/// not a scheduler tick.  A process that may use several CPUs makes no
-/// system call on an empty poll.
+/// share it with the peer that must answer: once its polls have found
+/// nothing for `YIELD_AFTER`, it offers the CPU to whoever else is ready
+/// there (`sched_yield`) at every further empty poll, so a polling
+/// application waits about as long as the peer needs, not a scheduler
+/// tick.  A peer on a CPU of its own answers before that, and no yield
+/// slows it.  A process that may use several CPUs makes no system call on
+/// an empty poll.
 pub fn idle_poll() {
-    if ONE_CPU.load(Ordering::Relaxed) {
+    if !ONE_CPU.load(Ordering::Relaxed) {
+        return;
+    }
+    let now = Instant::now();
+    let since = EMPTY_SINCE.with(|s| {
+        let since = s.get().unwrap_or(now);
+        s.set(Some(since));
+        since
+    });
+    if now.duration_since(since) >= YIELD_AFTER {
         // SAFETY: no arguments; cannot fail in a way that matters here.
         unsafe { libc::sched_yield() };
     }
+}
+
+/// A poll found something: the next empty poll starts a new streak.
+pub fn busy_poll() {
+    if ONE_CPU.load(Ordering::Relaxed) {
+        EMPTY_SINCE.with(|s| s.set(None));
+    }
+}
+
+/// How long a thread confined to one CPU polls in vain before it yields.
+const YIELD_AFTER: Duration = Duration::from_micros(3);
+
+thread_local! {
+    /// When this thread's current streak of empty polls began.
+    static EMPTY_SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
 
 #[cfg(test)]

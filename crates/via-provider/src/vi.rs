@@ -15,7 +15,7 @@ use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::Handle;
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{idle_poll, spin_window, waited, Deadline};
+use crate::timeout::{busy_poll, idle_poll, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::{progress, provider};
 use parking_lot::{Mutex, MutexGuard};
@@ -676,10 +676,16 @@ impl Vi {
             tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
             self.break_connection(LOST);
         }
-        got.ok_or_else(|| {
-            idle_poll();
-            ViaError::NotDone
-        })
+        match got {
+            Some(d) => {
+                busy_poll();
+                Ok(d)
+            }
+            None => {
+                idle_poll();
+                Err(ViaError::NotDone)
+            }
+        }
     }
 
     /// `VipRecvWait`.
@@ -806,6 +812,7 @@ impl Vi {
         }
         q.done -= 1;
         q.cq_seen = q.cq_seen.saturating_sub(1);
+        busy_poll();
         Ok(q.items.pop_front().expect("done prefix").desc)
     }
 
