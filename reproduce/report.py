@@ -145,7 +145,11 @@ class Section:
                 mark = {True: "holds", False: "**does not hold**", None: "undecided"}[holds]
                 lines.append("| %s | %s | %s |" % (text, mark, evidence))
             out.append("\n".join(lines))
-            whys = ["- *%s* does not hold here: %s" % (t, w) for t, _, _, w in self.verdicts if w]
+            whys = []
+            for t, _, _, w in self.verdicts:
+                line = "- *%s* does not hold here: %s" % (t, w)
+                if w and line not in whys:
+                    whys.append(line)
             if whys:
                 out.append("Why:\n\n" + "\n".join(whys))
         return "\n\n".join(out)
