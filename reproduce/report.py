@@ -188,7 +188,7 @@ class Plots:
 
     def _save(self, fig, name, caption):
         path = os.path.join(self.directory, name + ".svg")
-        fig.savefig(path, bbox_inches="tight")
+        fig.savefig(path, bbox_inches="tight", metadata={"Date": None})
         plt.close(fig)
         return "![%s](%s/%s.svg)" % (caption, self.prefix, name)
 

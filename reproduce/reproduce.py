@@ -85,7 +85,8 @@ def main():
     if args.reuse:
         run = Lab.load(run_path) or {"minutes": 0, "quick": args.quick}
     else:
-        run = {"minutes": elapsed / 60, "quick": args.quick, "measured": names}
+        run = {"minutes": elapsed / 60, "quick": args.quick, "measured": names,
+               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))}
         with open(run_path, "w") as f:
             json.dump(run, f)
 
@@ -121,10 +122,10 @@ def main():
         summary.append((module.TITLE, ", ".join(module.IDS), held, missed, len(section.verdicts)))
 
     lines = ["# The VIA papers, rerun on openvia", ""]
-    lines.append("Written by `reproduce/run%s` on %s after %.0f minutes of measuring; machine: %s.  Hosts for the "
+    lines.append("Measured by `reproduce/run%s` from %s, %.0f minutes of measuring; machine: %s.  Hosts for the "
                  "network experiments are two network namespaces joined by a veth pair on this machine; "
                  "shared-memory experiments run two processes on it."
-                 % (" --quick" if run["quick"] else "", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 % (" --quick" if run["quick"] else "", run.get("started", "an earlier run"),
                     run["minutes"], machine()))
     lines.append("")
     if run["quick"]:

@@ -180,6 +180,3 @@ def render(data, papers, plots):
     return s
 
 
-def ratio(a, b):
-    return a / b if a and b else None
-

@@ -4,7 +4,7 @@ against TCP, and their spread across repetitions."""
 import statistics
 
 from experiments.baker import UDP_WHY
-from lab import test
+from lab import row
 from report import Section, us, compare
 
 IDS = ["mckenzie_ttcp"]
@@ -30,14 +30,11 @@ def run(lab):
 
 def spread(rep, label, size):
     """(median, min, max) µs per message over the trials."""
-    t = test(rep, label)
-    if not t:
+    r = row(rep, label, size)
+    if not r or not r.get("trial_us"):
         return None
-    for r in t["rows"]:
-        if r["bytes"] == size and r.get("trial_us"):
-            xs = r["trial_us"]
-            return statistics.median(xs), min(xs), max(xs)
-    return None
+    xs = r["trial_us"]
+    return statistics.median(xs), min(xs), max(xs)
 
 
 def render(data, papers, plots):

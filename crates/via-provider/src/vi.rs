@@ -712,12 +712,14 @@ impl Vi {
             }
             let seg = self.recv.lock().seg.clone();
             let nap = deadline.next_sleep(Duration::from_millis(50));
-            let _port = self.nic.sleep_on_port();
             match seg {
                 Some(seg) => seg.rx().wait(Some(nap)),
                 None => {
+                    // Not shared memory: the network port's packets end this wait.
                     self.sleepers.fetch_add(1, Ordering::SeqCst);
+                    let port = self.nic.sleep_on_port();
                     futex::futex_wait(&self.wake_word, word, Some(nap));
+                    drop(port);
                     self.sleepers.fetch_sub(1, Ordering::SeqCst);
                 }
             }
