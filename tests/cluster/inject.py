@@ -139,24 +139,28 @@ class Sniffer:
     def poll(self, budget=32):
         for _ in range(budget):
             try:
-                frame, addr = self.sock.recvfrom(65535)
+                # A GSO buffer (UDP_SEGMENT) passes the tap whole: up to 64 KiB of UDP payload.
+                frame, addr = self.sock.recvfrom(1 << 17)
             except BlockingIOError:
                 return
             if addr[2] == PACKET_OUTGOING:
                 continue
-            payload = self.udp_payload(frame)
-            if payload is None or len(payload) < 80 or payload[:2] != b"VI":
-                continue
-            self.seen += 1
-            # CRC-32C in Python is slow: check the first packets and a sample.
-            if self.seen <= 64 or self.seen % 32 == 0:
-                self.checked += 1
-                if not checksum_ok(payload):
-                    self.bad_checksum += 1
-                    continue
-            keep = self.data if payload[3] in (DATA, RDMA_WRITE) else self.other
-            keep.append(payload)
-            del keep[:-256]
+            for payload in segments(self.udp_payload(frame)):
+                self.learn(payload)
+
+    def learn(self, payload):
+        if len(payload) < 80 or payload[:2] != b"VI":
+            return
+        self.seen += 1
+        # CRC-32C in Python is slow: check the first packets and a sample.
+        if self.seen <= 64 or self.seen % 32 == 0:
+            self.checked += 1
+            if not checksum_ok(payload):
+                self.bad_checksum += 1
+                return
+        keep = self.data if payload[3] in (DATA, RDMA_WRITE) else self.other
+        keep.append(payload)
+        del keep[:-256]
 
     def udp_payload(self, frame):
         if len(frame) < 42 or frame[12:14] != b"\x08\x00":
@@ -170,6 +174,21 @@ class Sniffer:
             return None
         self.address = socket.inet_ntoa(frame[30:34])
         return frame[udp + 8:udp + length]
+
+
+def segments(payload):
+    """The packets of a UDP payload: one, or, when the sender used UDP
+    segmentation offload and the tap saw the buffer before it was cut, the
+    packets back to back, each as long as the first (80 + its payload_len)
+    but the last."""
+    if payload is None:
+        return []
+    if len(payload) < 80 or payload[:2] != b"VI":
+        return [payload]
+    size = 80 + struct.unpack(">H", payload[6:8])[0]
+    if len(payload) <= size:
+        return [payload]
+    return [payload[i:i + size] for i in range(0, len(payload), size)]
 
 
 def garbage(rng):
