@@ -15,6 +15,10 @@
 #   link-down        a transfer whose peer host loses its link
 #   bad-input        garbage, truncated, oversized, wrong-key and replayed
 #                    datagrams at a process in the middle of a transfer
+#   gso-1500         4 MiB messages both ways, every byte checked, with UDP
+#                    segmentation offload and receive coalescing (the
+#                    default) and again with VIA_GSO=0, MTU 1500
+#   gso-9000         the same at MTU 9000
 #
 # For each case a cluster comes up, the programs run on their hosts under
 # `timeout`, and the cluster goes down again (also on interruption).  Output:
@@ -43,7 +47,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -278,6 +282,48 @@ case_bad_input() {
     [ -n "$v" ] && [ "$v" -gt 0 ]
 }
 
+# offload_field LOG FIELD: FIELD of the port's offload report (the last
+# "network VI ..." line of the provider's log in LOG).
+offload_field() {
+    grep 'network VI' "$1" | sed -n "s/.*Offload {[^}]*$2: \([a-z0-9]*\).*/\1/p" | tail -n 1
+}
+
+# gso MTU: a stream of 4 MiB messages (every byte checked) with segmentation
+# offload on (the default) and with VIA_GSO=0; each side's port must report
+# that it sent GSO buffers and received coalesced datagrams, or, off, none.
+case_gso() {
+    up 2 --mtu "$1" || return 1
+    ok=0
+    for gso in 1 0; do
+        spawn 1 "$logs/$tc.gso$gso.h1" 90 env VIA_GSO=$gso VIA_LOG=via_provider=info \
+            "$out/stream" server h2 --size 4194304 --batch 4
+        server=$!
+        on 2 90 env VIA_GSO=$gso VIA_LOG=via_provider=info \
+            "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 >"$logs/$tc.gso$gso.h2" 2>&1
+        rc=$?
+        wait "$server"
+        src=$?
+        show "$logs/$tc.gso$gso.h1" "$logs/$tc.gso$gso.h2"
+        expect "VIA_GSO=$gso: stream server on h1" 0 "$src" || ok=1
+        expect "VIA_GSO=$gso: stream client on h2" 0 "$rc" || ok=1
+        for h in 1 2; do
+            log=$logs/$tc.gso$gso.h$h
+            g=$(offload_field "$log" gso) r=$(offload_field "$log" gro)
+            gb=$(offload_field "$log" gso_buffers) rb=$(offload_field "$log" gro_buffers)
+            echo "VIA_GSO=$gso h$h: gso=${g:-?} gro=${r:-?} gso_buffers=${gb:-?} gro_buffers=${rb:-?}"
+            if [ $gso = 1 ]; then
+                want="true true"
+                [ "${gb:-0}" -gt 0 ] && [ "${rb:-0}" -gt 0 ] || { echo "h$h: no GSO buffers sent or no coalesced datagrams received"; ok=1; }
+            else
+                want="false false"
+                [ "$gb" = 0 ] && [ "$rb" = 0 ] || { echo "h$h: offload used with VIA_GSO=0"; ok=1; }
+            fi
+            [ "$g $r" = "$want" ] || { echo "h$h: offload state '$g $r', expected '$want'"; ok=1; }
+        done
+    done
+    return "$ok"
+}
+
 run_one() {
     case $1 in
     names) case_names ;;
@@ -291,6 +337,8 @@ run_one() {
     peer-killed) case_fault kill ;;
     link-down) case_fault link ;;
     bad-input) case_bad_input ;;
+    gso-1500) case_gso 1500 ;;
+    gso-9000) case_gso 9000 ;;
     *)
         echo "no case '$1' (cases: $ALL_CASES)"
         return 1
