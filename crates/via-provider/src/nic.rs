@@ -184,6 +184,11 @@ impl Nic {
         Ok(())
     }
 
+    /// Whether the network port has been opened.
+    pub(crate) fn has_port(&self) -> bool {
+        self.net_port.get().is_some()
+    }
+
     /// The network port, opened on first use.
     pub fn port(&self) -> ViaResult<Arc<crate::net::NetPort>> {
         if let Some(p) = self.net_port.get() {

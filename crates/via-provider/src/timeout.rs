@@ -120,40 +120,66 @@ pub fn check_cpus() {
 /// spin of the waits) found nothing.  A process confined to one CPU may
 /// share it with the peer that must answer: once its polls have found
 /// nothing for `YIELD_AFTER`, it offers the CPU to whoever else is ready
-/// there (`sched_yield`) at every further empty poll, so a polling
-/// application waits about as long as the peer needs, not a scheduler
-/// tick.  A peer on a CPU of its own answers before that, and no yield
-/// slows it.  A process that may use several CPUs makes no system call on
-/// an empty poll.
+/// there (`sched_yield`), so a polling application waits about as long as
+/// the peer needs, not a scheduler tick.  A yield that comes back at once
+/// found nobody else ready: the thread then polls without yielding for
+/// `ALONE_FOR`, so a peer on a CPU of its own that is merely late costs no
+/// system calls.  The clock is read every `CLOCK_EVERY` empty polls only.
+/// A process that may use several CPUs makes no system call on an empty
+/// poll.
 pub fn idle_poll() {
     if !ONE_CPU.load(Ordering::Relaxed) {
         return;
     }
-    let now = Instant::now();
-    let since = EMPTY_SINCE.with(|s| {
-        let since = s.get().unwrap_or(now);
-        s.set(Some(since));
-        since
+    STREAK.with(|cell| {
+        let mut s = cell.get();
+        s.empty = s.empty.wrapping_add(1);
+        if s.empty % CLOCK_EVERY == 0 {
+            let now = Instant::now();
+            let since = *s.since.get_or_insert(now);
+            if now.duration_since(since) >= YIELD_AFTER && s.quiet_until.is_none_or(|q| now >= q) {
+                // SAFETY: no arguments; cannot fail in a way that matters here.
+                unsafe { libc::sched_yield() };
+                let back = Instant::now();
+                s.quiet_until = (back.duration_since(now) < YIELDED_TO_NOBODY).then_some(back + ALONE_FOR);
+            }
+        }
+        cell.set(s);
     });
-    if now.duration_since(since) >= YIELD_AFTER {
-        // SAFETY: no arguments; cannot fail in a way that matters here.
-        unsafe { libc::sched_yield() };
-    }
 }
 
 /// A poll found something: the next empty poll starts a new streak.
 pub fn busy_poll() {
     if ONE_CPU.load(Ordering::Relaxed) {
-        EMPTY_SINCE.with(|s| s.set(None));
+        STREAK.with(|cell| {
+            let s = cell.get();
+            cell.set(Streak { empty: 0, since: None, ..s });
+        });
     }
 }
 
 /// How long a thread confined to one CPU polls in vain before it yields.
 const YIELD_AFTER: Duration = Duration::from_micros(3);
+/// A yield shorter than this let nobody else run.
+const YIELDED_TO_NOBODY: Duration = Duration::from_micros(2);
+/// How long a thread that found nobody else ready polls without yielding.
+const ALONE_FOR: Duration = Duration::from_micros(200);
+/// Empty polls between two looks at the clock.
+const CLOCK_EVERY: u32 = 16;
+
+/// A thread's current streak of empty polls.
+#[derive(Clone, Copy)]
+struct Streak {
+    empty: u32,
+    /// When the streak was first seen on the clock.
+    since: Option<Instant>,
+    /// No yield before then: the last one found nobody else ready.
+    quiet_until: Option<Instant>,
+}
 
 thread_local! {
-    /// When this thread's current streak of empty polls began.
-    static EMPTY_SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    static STREAK: std::cell::Cell<Streak> =
+        const { std::cell::Cell::new(Streak { empty: 0, since: None, quiet_until: None }) };
 }
 
 #[cfg(test)]

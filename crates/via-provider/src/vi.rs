@@ -171,6 +171,11 @@ pub struct Vi {
     pub(crate) doorbell: ViDoorbell,
 }
 
+thread_local! {
+    /// The VI this thread used last ([`Vi::with`]).
+    static LAST_VI: std::cell::Cell<Option<(Handle, Arc<Vi>)>> = const { std::cell::Cell::new(None) };
+}
+
 pub(crate) fn reliable(level: u16) -> bool {
     level != SERVICE_UNRELIABLE
 }
@@ -234,6 +239,31 @@ impl Vi {
         provider().vis.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
+    /// Runs `f` on the VI of `handle`.  The thread keeps the VI it used
+    /// last, so the data-path calls of a thread that drives one VI look
+    /// nothing up and count no references; a destroyed VI is never used
+    /// (handles are not reused, and the flag is checked).
+    pub fn with<R>(handle: Handle, f: impl FnOnce(&Arc<Vi>) -> ViaResult<R>) -> ViaResult<R> {
+        LAST_VI.with(|last| {
+            // Taken out while `f` runs: a nested call looks its VI up.
+            let vi = match last.take() {
+                Some((h, vi)) if h == handle && !vi.destroyed.load(Ordering::Acquire) => vi,
+                _ => Vi::get(handle)?,
+            };
+            let result = f(&vi);
+            last.set(Some((handle, vi)));
+            result
+        })
+    }
+
+    /// Forgets this thread's last VI if it is `handle` (it is being destroyed).
+    fn forget(handle: Handle) {
+        let _ = LAST_VI.try_with(|last| match last.take() {
+            Some((h, _)) if h == handle => {}
+            other => last.set(other),
+        });
+    }
+
     /// Destroys an idle VI.
     pub fn destroy(handle: Handle) -> ViaResult<()> {
         let vi = Vi::get(handle)?;
@@ -246,6 +276,7 @@ impl Vi {
             provider().vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
         }
         vi.destroyed.store(true, Ordering::Release);
+        Vi::forget(handle);
         if let Some(engine) = &vi.nic.send_engine {
             engine.detach(&vi);
         }
@@ -354,13 +385,12 @@ impl Vi {
     pub(crate) fn report_unseen(&self, recv: bool) -> bool {
         if recv {
             let mut q = self.recv.lock();
-            let sane = self.drain(&mut q);
+            let broken = self.drain(&mut q);
             let unseen = q.done > q.cq_seen;
             q.cq_seen += unseen as usize;
             drop(q);
-            if !sane {
-                tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
-                self.break_connection(LOST);
+            if let Some(why) = broken {
+                self.break_connection(why);
             }
             unseen
         } else {
@@ -587,28 +617,39 @@ impl Vi {
         }
     }
 
-    /// Completes arrived messages in posting order.  Returns an error when
-    /// the peer wrote something that cannot be true.
-    pub(crate) fn drain(&self, q: &mut RecvQueue) -> bool {
+    /// Completes arrived messages in posting order.  Returns why the
+    /// connection must break: the peer wrote something that cannot be
+    /// true, or, on a reliable VI, an inline message was longer than its
+    /// receive buffer.
+    pub(crate) fn drain(&self, q: &mut RecvQueue) -> Option<Break> {
         self.settle(q);
-        let Some(seg) = q.seg.clone() else {
-            return true;
+        // Moved out and back rather than cloned: no reference counting per poll.
+        let seg = q.seg.take()?;
+        let broken = self.drain_ring(q, seg.rx());
+        q.seg = Some(seg);
+        broken
+    }
+
+    fn drain_ring(&self, q: &mut RecvQueue, rx: &via_shm::Ring) -> Option<Break> {
+        let impossible = || {
+            tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
+            Some(LOST)
         };
-        let rx = seg.rx();
+        let mut broken = None;
         loop {
             self.settle(q);
             let hdr = match rx.peek() {
                 Ok(Some(h)) => h,
-                Ok(None) => return true,
-                Err(_) => return false,
+                Ok(None) => return broken,
+                Err(_) => return impossible(),
             };
             let timer = StageTimer::start();
             let index = q.done;
             let Some(item) = q.items.get_mut(index) else {
-                return false;
+                return impossible();
             };
             if item.seq != Some(hdr.recv_seq) || !(hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM) {
-                return false;
+                return impossible();
             }
             let mut status = if hdr.kind == SLOT_SEND { STATUS_OP_RECEIVE } else { STATUS_OP_REMOTE_RDMA_WRITE };
             let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
@@ -620,8 +661,12 @@ impl Vi {
                 status |= hdr.status & STATUS_ERROR_MASK;
                 length = 0;
             } else if hdr.kind == SLOT_SEND && (hdr.length as u64) > item.total {
+                // An inline send: its sender did not look at this descriptor.
                 status |= STATUS_LENGTH_ERROR;
                 length = 0;
+                if reliable(self.attrs().reliability) {
+                    broken = Some(LOST);
+                }
             } else if hdr.flags & FLAG_INLINE != 0 {
                 let mut dst: Vec<&mut [u8]> = item
                     .segs
@@ -663,7 +708,7 @@ impl Vi {
         doorbell::progress(&self.nic);
         self.poll_net();
         let mut q = self.recv.lock();
-        let sane = self.drain(&mut q);
+        let broken = self.drain(&mut q);
         let got = if q.done > 0 {
             q.done -= 1;
             q.cq_seen = q.cq_seen.saturating_sub(1);
@@ -672,9 +717,8 @@ impl Vi {
             None
         };
         drop(q);
-        if !sane {
-            tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
-            self.break_connection(LOST);
+        if let Some(why) = broken {
+            self.break_connection(why);
         }
         match got {
             Some(d) => {
@@ -820,6 +864,9 @@ impl Vi {
 
     /// Drains the network port of this VI, if it has one.
     pub(crate) fn poll_net(&self) {
+        if !self.nic.has_port() {
+            return; // no network VI on this NIC: nothing to lock
+        }
         let link = self.net.lock().clone();
         if let Some(link) = link {
             link.port.poll_for_app();
@@ -944,9 +991,19 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
 }
 
 /// Consumes the peer's next posted receive for a send (or RDMA write with immediate data).
+///
+/// An inline send and an immediate need only to know that a receive is
+/// posted; the receiver checks the length against its own descriptor
+/// (`drain`).  A send by cross-memory attach reads the receive's buffers.
 fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16) -> (u32, u32, Option<Break>) {
     let total = wr.total;
-    let entry = match conn.seg.peer_recvs().take() {
+    let inline = kind == SLOT_SEND && total as usize <= tuning().inline_max && level != SERVICE_RELIABLE_RECEPTION;
+    let taken = if inline || kind != SLOT_SEND {
+        conn.seg.peer_recvs().take_seq().map(|seq| seq.map(|seq| (seq, None)))
+    } else {
+        conn.seg.peer_recvs().take().map(|entry| entry.map(|e| (e.seq, Some(e))))
+    };
+    let (seq, entry) = match taken {
         Ok(Some(e)) => e,
         Ok(None) if !reliable => {
             conn.counters.add(Counter::DroppedNoRecv, 1);
@@ -958,21 +1015,21 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
     let mut hdr = SlotHeader {
         kind,
         length: total as u32,
-        recv_seq: entry.seq,
+        recv_seq: seq,
         imm: wr.immediate.unwrap_or(0),
         flags: if wr.immediate.is_some() { FLAG_IMMEDIATE } else { 0 },
         ..Default::default()
     };
     let mut result = (0, total as u32, None);
     let mut payload: Vec<&[u8]> = Vec::new();
-    if kind == SLOT_SEND && total > entry.total {
+    if entry.as_ref().is_some_and(|e| total > e.total) {
         hdr.status = STATUS_LENGTH_ERROR;
         hdr.length = 0;
         if reliable {
             let bits = if level == SERVICE_RELIABLE_RECEPTION { STATUS_REMOTE_DESC_ERROR } else { 0 };
             result = (bits, total as u32, Some(LOST));
         }
-    } else if kind == SLOT_SEND && total as usize <= tuning().inline_max && level != SERVICE_RELIABLE_RECEPTION {
+    } else if inline {
         hdr.flags |= FLAG_INLINE;
         conn.counters.add(Counter::InlineSends, 1);
         // SAFETY: validated against the registry when posted.
@@ -981,7 +1038,7 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
             .iter()
             .map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
             .collect();
-    } else if kind == SLOT_SEND && total > 0 {
+    } else if let Some(entry) = entry.filter(|_| total > 0) {
         // Only as much of the receive buffers as the message fills: the kernel
         // pins every page of the remote ranges it is given.
         let mut left = total;

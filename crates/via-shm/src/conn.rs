@@ -264,19 +264,31 @@ mod tests {
     #[test]
     fn corrupt_counters_are_errors() {
         let (a, b) = pair();
-        // The A->B ring: head, tail, and slot 0's inline_len after the control block.
-        let (head, tail) = (HEADER_BYTES, HEADER_BYTES + 64);
-        word::<AtomicU64>(&a, head).store(u64::MAX / 2, Release);
+        // The A->B ring: head, tail, then slot 0 after the 256-byte control
+        // block, with inline_len at 24 and the stamp at 40.
+        let (head, tail, slot0) = (HEADER_BYTES, HEADER_BYTES + 64, HEADER_BYTES + 256);
+        word::<AtomicU64>(&a, slot0 + 40).store(77, Release);
         assert!(corrupt(b.rx().peek()));
+        word::<AtomicU64>(&a, slot0 + 40).store(0, Release);
+        assert!(b.rx().peek().unwrap().is_none());
+        word::<AtomicU64>(&a, head).store(u64::MAX / 2, Release);
         assert_eq!(b.rx().len(), RING_SLOTS);
+        assert!(b.rx().peek().unwrap().is_none(), "head is not how a message is found");
         b.rx().pop();
+        // The producer reads the tail only once the slots it knows free run out.
+        for i in 0..RING_SLOTS as u64 {
+            a.tx().push(&hdr(SLOT_SEND, i), &[]).unwrap();
+        }
         word::<AtomicU64>(&a, tail).store(12345, Release);
         assert!(corrupt(a.tx().push(&hdr(SLOT_SEND, 0), &[])));
-        word::<AtomicU64>(&a, head).store(1, Release);
         word::<AtomicU64>(&a, tail).store(0, Release);
-        word::<AtomicU32>(&a, HEADER_BYTES + 256 + 24).store(5000, Release);
+        assert!(matches!(a.tx().push(&hdr(SLOT_SEND, 0), &[]), Err(ShmError::Full)));
+        word::<AtomicU32>(&a, slot0 + 24).store(5000, Release);
         assert!(corrupt(b.rx().peek()));
         assert_eq!(b.rx().read_payload(&mut [&mut [0u8; 8]]), 0);
+        word::<AtomicU32>(&a, slot0 + 24).store(0, Release);
+        assert_eq!(recv(b.rx()).0.aux, 0);
+        a.tx().push(&hdr(SLOT_SEND, 1024), &[]).unwrap();
     }
 
     #[test]
@@ -320,6 +332,28 @@ mod tests {
         word::<AtomicU64>(&a, cache).store(1 << 40, Release);
         assert!(corrupt(b.peer_recvs().take()));
         assert_eq!(b.peer_recvs().available(), RECV_ENTRIES as u64);
+        // The published count is read when the receives seen are used up.
+        let (a, b) = pair();
+        word::<AtomicU64>(&a, cache).store(1 << 40, Release);
+        assert!(corrupt(b.peer_recvs().take_seq()));
+        assert!(corrupt(b.peer_recvs().take()));
+        word::<AtomicU64>(&a, cache).store(0, Release);
+        assert!(b.peer_recvs().take_seq().unwrap().is_none());
+    }
+
+    #[test]
+    fn take_seq_consumes_in_order_with_take() {
+        let (a, b) = pair();
+        for i in 0..5u32 {
+            a.my_recvs().publish(&[RecvSeg { addr: u64::from(i), len: i }]).unwrap();
+        }
+        assert_eq!(b.peer_recvs().take_seq().unwrap(), Some(0));
+        assert_eq!(b.peer_recvs().take().unwrap().unwrap().segs(), &[RecvSeg { addr: 1, len: 1 }]);
+        assert_eq!(b.peer_recvs().take_seq().unwrap(), Some(2));
+        assert_eq!(b.peer_recvs().take().unwrap().unwrap().seq, 3);
+        assert_eq!(b.peer_recvs().take_seq().unwrap(), Some(4));
+        assert!(b.peer_recvs().take_seq().unwrap().is_none());
+        assert_eq!(a.my_recvs().taken(), 5);
     }
 
     #[test]

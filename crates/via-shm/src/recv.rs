@@ -3,7 +3,11 @@
 //!
 //! Single producer (the receiver, `published`) and single consumer (the
 //! remote sender, `taken`); like the ring, each side trusts only its own
-//! counter and validates the other's.
+//! counter and validates the other's, and reads it only when what it saw
+//! last is used up, so a message does not move the counters' cache lines.
+//! A sender that needs only a posted receive, not its buffers (an inline
+//! send, an immediate), takes it without reading the entry
+//! ([`RecvCache::take_seq`]).
 
 use std::mem::size_of;
 use std::ptr::{self, addr_of, addr_of_mut, NonNull};
@@ -83,6 +87,9 @@ pub struct RecvCache {
     published: AtomicU64,
     /// The taker's own count.
     taken: AtomicU64,
+    /// The peer's count as last read and validated (`taken` on the
+    /// publisher side, `published` on the taker side).
+    seen: AtomicU64,
 }
 
 // SAFETY: `base` points into a mapping owned by the ConnSegment that owns
@@ -101,6 +108,7 @@ impl RecvCache {
             publisher,
             published: AtomicU64::new(0),
             taken: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
         }
     }
 
@@ -124,12 +132,16 @@ impl RecvCache {
         }
         let ctl = self.ctl();
         let seq = self.published.load(Relaxed);
-        let used = seq.wrapping_sub(ctl.taken.load(Acquire));
-        if used > RECV_ENTRIES as u64 {
-            return Err(ShmError::Corrupt("receive cache taken"));
-        }
-        if used == RECV_ENTRIES as u64 {
-            return Err(ShmError::Full);
+        let seen = self.seen.load(Relaxed);
+        if seq.wrapping_sub(seen) >= RECV_ENTRIES as u64 {
+            let taken = ctl.taken.load(Acquire);
+            if taken.wrapping_sub(seen) > seq.wrapping_sub(seen) {
+                return Err(ShmError::Corrupt("receive cache taken"));
+            }
+            self.seen.store(taken, Relaxed);
+            if seq.wrapping_sub(taken) == RECV_ENTRIES as u64 {
+                return Err(ShmError::Full);
+            }
         }
         let e = self.entry(seq);
         // SAFETY: `e` is an entry inside the cache and segs.len() <= MAX_SEGS.
@@ -148,18 +160,47 @@ impl RecvCache {
         Ok(seq)
     }
 
+    /// Sender side: the sequence number of the next published receive, if
+    /// there is one (not consumed).
+    fn next(&self) -> Result<Option<u64>, ShmError> {
+        let seq = self.taken.load(Relaxed);
+        let seen = self.seen.load(Relaxed);
+        if seq == seen {
+            let published = self.ctl().published.load(Acquire);
+            let avail = published.wrapping_sub(seq);
+            if avail > RECV_ENTRIES as u64 {
+                return Err(ShmError::Corrupt("receive cache published"));
+            }
+            if avail == 0 {
+                return Ok(None);
+            }
+            self.seen.store(published, Relaxed);
+        }
+        Ok(Some(seq))
+    }
+
+    fn consume(&self, seq: u64) {
+        let next = seq.wrapping_add(1);
+        self.taken.store(next, Relaxed);
+        self.ctl().taken.store(next, Release);
+    }
+
+    /// Sender side: takes the next published receive without reading its
+    /// segments; returns its sequence number, or `None` if there is none.
+    pub fn take_seq(&self) -> Result<Option<u64>, ShmError> {
+        let Some(seq) = self.next()? else {
+            return Ok(None);
+        };
+        self.consume(seq);
+        Ok(Some(seq))
+    }
+
     /// Sender side: takes the next published receive, or `None` if there is
     /// none.  `Corrupt` (and nothing consumed) when the entry is impossible.
     pub fn take(&self) -> Result<Option<RecvEntry>, ShmError> {
-        let ctl = self.ctl();
-        let seq = self.taken.load(Relaxed);
-        let avail = ctl.published.load(Acquire).wrapping_sub(seq);
-        if avail == 0 {
+        let Some(seq) = self.next()? else {
             return Ok(None);
-        }
-        if avail > RECV_ENTRIES as u64 {
-            return Err(ShmError::Corrupt("receive cache published"));
-        }
+        };
         let e = self.entry(seq);
         let mut out = RecvEntry { seq, segs: [RecvSeg::default(); MAX_SEGS], nsegs: 0, total: 0 };
         // SAFETY: `e` is an entry inside the cache; fields are plain integers
@@ -179,9 +220,7 @@ impl RecvCache {
                     out.total.checked_add(u64::from(raw.len)).ok_or(ShmError::Corrupt("receive entry length"))?;
             }
         }
-        let next = seq.wrapping_add(1);
-        self.taken.store(next, Relaxed);
-        ctl.taken.store(next, Release);
+        self.consume(seq);
         Ok(Some(out))
     }
 

@@ -5,6 +5,13 @@
 //! monotonically increasing u64 counters; slot `i` is reused every
 //! `RING_SLOTS` messages.  Each side keeps its own counter in process memory
 //! and only trusts that copy; the peer's counter is validated on every read.
+//!
+//! A message moves in one cache line when it is small: the consumer polls
+//! the *stamp* at the end of the slot's header (message number + 1, written
+//! last), and the first payload bytes share that line.  Neither side reads
+//! the other's counter on the way: the producer looks at `tail` only when
+//! the slots it knows to be free run out, and the consumer never reads
+//! `head` to find a message.
 
 use std::mem::size_of;
 use std::ptr::{self, NonNull};
@@ -28,7 +35,9 @@ pub const SLOT_RDMA_WRITE_IMM: u32 = 2;
 /// Slot kind: an error report to the peer.
 pub const SLOT_ERROR: u32 = 3;
 
-const SLOT_HEADER_BYTES: usize = 64;
+/// The header, then the stamp (`u64`), then the payload.
+const STAMP_OFFSET: usize = 40;
+const SLOT_HEADER_BYTES: usize = 48;
 /// `peeked` value when no slot has been peeked.
 const NOT_PEEKED: u32 = u32::MAX;
 
@@ -72,7 +81,7 @@ pub(crate) const RING_BYTES: usize = CTL_BYTES + RING_SLOTS * SLOT_BYTES;
 
 const _: () = assert!(RING_SLOTS.is_power_of_two());
 const _: () = assert!(SLOT_BYTES.is_multiple_of(64) && SLOT_BYTES >= SLOT_HEADER_BYTES + INLINE_MAX);
-const _: () = assert!(size_of::<SlotHeader>() <= SLOT_HEADER_BYTES);
+const _: () = assert!(size_of::<SlotHeader>() <= STAMP_OFFSET && STAMP_OFFSET + 8 == SLOT_HEADER_BYTES);
 
 /// One direction of a connection.  Callers serialize the producer side
 /// (`push`) and the consumer side (`peek`, `read_payload`, `pop`).
@@ -83,6 +92,8 @@ pub struct Ring {
     head: AtomicU64,
     /// The consumer's own tail.
     tail: AtomicU64,
+    /// Producer side: the consumer's tail as last read (validated).
+    seen_tail: AtomicU64,
     /// `inline_len` of the slot validated by the last `peek`.
     peeked: AtomicU32,
 }
@@ -103,6 +114,7 @@ impl Ring {
             producer,
             head: AtomicU64::new(0),
             tail: AtomicU64::new(0),
+            seen_tail: AtomicU64::new(0),
             peeked: AtomicU32::new(NOT_PEEKED),
         }
     }
@@ -116,6 +128,26 @@ impl Ring {
         let i = counter as usize & (RING_SLOTS - 1);
         // SAFETY: i < RING_SLOTS, so the slot is inside the ring.
         unsafe { self.base.as_ptr().add(CTL_BYTES + i * SLOT_BYTES) }
+    }
+
+    fn stamp(&self, counter: u64) -> &AtomicU64 {
+        // SAFETY: the stamp is an aligned u64 inside the slot.
+        unsafe { at(self.slot(counter), STAMP_OFFSET) }
+    }
+
+    /// Consumer side: whether slot `tail` holds the next message.  A stamp
+    /// that is neither this lap's nor the previous lap's is corrupt.
+    fn ready(&self, tail: u64) -> Result<bool, ShmError> {
+        let stamp = self.stamp(tail).load(Acquire);
+        if stamp == tail.wrapping_add(1) {
+            return Ok(true);
+        }
+        let previous = if tail < RING_SLOTS as u64 { 0 } else { tail.wrapping_add(1).wrapping_sub(RING_SLOTS as u64) };
+        if stamp == previous {
+            Ok(false)
+        } else {
+            Err(ShmError::Corrupt("slot stamp"))
+        }
     }
 
     /// Producer side: copies `hdr` and the gathered `payload` (at most
@@ -132,12 +164,16 @@ impl Ring {
             .ok_or(ShmError::TooSmall)?;
         let ctl = self.ctl();
         let head = self.head.load(Relaxed);
-        let used = head.wrapping_sub(ctl.tail.load(Acquire));
-        if used > RING_SLOTS as u64 {
-            return Err(ShmError::Corrupt("ring tail"));
-        }
-        if used == RING_SLOTS as u64 {
-            return Err(ShmError::Full);
+        if head.wrapping_sub(self.seen_tail.load(Relaxed)) >= RING_SLOTS as u64 {
+            // The slots known to be free ran out: look at the consumer's tail.
+            let tail = ctl.tail.load(Acquire);
+            if tail.wrapping_sub(self.seen_tail.load(Relaxed)) > head.wrapping_sub(self.seen_tail.load(Relaxed)) {
+                return Err(ShmError::Corrupt("ring tail"));
+            }
+            self.seen_tail.store(tail, Relaxed);
+            if head.wrapping_sub(tail) == RING_SLOTS as u64 {
+                return Err(ShmError::Full);
+            }
         }
         let slot = self.slot(head);
         let hdr = SlotHeader { inline_len: total as u32, ..*hdr };
@@ -150,13 +186,14 @@ impl Ring {
                 dst = dst.add(p.len());
             }
         }
-        let head = head.wrapping_add(1);
-        self.head.store(head, Relaxed);
-        ctl.head.store(head, Release);
-        ctl.futex.fetch_add(1, SeqCst);
-        // Pairs with the fence in `wait`: either we see the sleeper or it sees the new head.
+        let next = head.wrapping_add(1);
+        self.stamp(head).store(next, Release);
+        self.head.store(next, Relaxed);
+        ctl.head.store(next, Release);
+        // Pairs with the fence in `wait`: either we see the sleeper or it sees the stamp.
         fence(SeqCst);
         if ctl.sleeping.load(SeqCst) != 0 {
+            ctl.futex.fetch_add(1, SeqCst);
             futex_wake(&ctl.futex, i32::MAX);
         }
         Ok(())
@@ -166,12 +203,8 @@ impl Ring {
     /// consuming it; `None` when the ring is empty.
     pub fn peek(&self) -> Result<Option<SlotHeader>, ShmError> {
         let tail = self.tail.load(Relaxed);
-        let avail = self.ctl().head.load(Acquire).wrapping_sub(tail);
-        if avail == 0 {
+        if !self.ready(tail)? {
             return Ok(None);
-        }
-        if avail > RING_SLOTS as u64 {
-            return Err(ShmError::Corrupt("ring head"));
         }
         // SAFETY: the slot is inside the ring; any bit pattern is a valid header.
         let hdr = unsafe { ptr::read_volatile(self.slot(tail).cast::<SlotHeader>()) };
@@ -243,7 +276,7 @@ impl Ring {
         ctl.sleeping.fetch_add(1, SeqCst);
         fence(SeqCst);
         let seq = ctl.futex.load(SeqCst);
-        if ctl.head.load(SeqCst) == self.tail.load(Relaxed) {
+        if !self.ready(self.tail.load(Relaxed)).unwrap_or(true) {
             futex_wait(&ctl.futex, seq, timeout);
         }
         ctl.sleeping.fetch_sub(1, SeqCst);

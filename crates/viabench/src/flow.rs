@@ -137,10 +137,16 @@ impl Cursor {
     }
 }
 
-/// Slots of the receive area: every posted descriptor needs its own, and a
-/// whole block of `max_block` bytes must fit without wrapping onto itself.
+/// Slots of the receive area.  When every block fits one descriptor, all
+/// receives share one buffer, as NetPIPE receives every block into the
+/// same one (a block is checked when it arrives, before another can land).
+/// Otherwise every posted descriptor gets its own slot, and a whole block
+/// of `max_block` bytes fits without wrapping onto itself.
 pub fn receive_slots(ring: usize, desc: usize, max_block: usize) -> usize {
-    ring.max(chunk_count(max_block, desc)) + 1
+    match chunk_count(max_block, desc) {
+        1 => 1,
+        n => ring.max(n) + 1,
+    }
 }
 
 #[cfg(test)]
@@ -292,5 +298,6 @@ mod tests {
         assert_eq!(taken, vec![0, 1, 2, 0, 1, 2, 0]);
         assert_eq!(receive_slots(16, 1 << 20, 4 << 20), 17);
         assert_eq!(receive_slots(4, 4096, 100_000), 26);
+        assert_eq!(receive_slots(16, 1 << 20, 1 << 20), 1);
     }
 }

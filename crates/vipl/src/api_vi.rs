@@ -103,47 +103,47 @@ pub unsafe extern "C" fn VipSetViAttributes(vi: VIP_PVOID, attrs: *const VIP_VI_
 
 #[no_mangle]
 pub unsafe extern "C" fn VipPostSend(vi: VIP_PVOID, desc: VIP_PVOID, mem: VIP_MEM_HANDLE) -> VIP_RETURN {
-    call(|| Vi::get(h(vi))?.post_send(DescPtr(desc as usize), mem))
+    call(|| Vi::with(h(vi), |vi| vi.post_send(DescPtr(desc as usize), mem)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipPostRecv(vi: VIP_PVOID, desc: VIP_PVOID, mem: VIP_MEM_HANDLE) -> VIP_RETURN {
-    call(|| Vi::get(h(vi))?.post_recv(DescPtr(desc as usize), mem))
+    call(|| Vi::with(h(vi), |vi| vi.post_recv(DescPtr(desc as usize), mem)))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipSendDone(vi: VIP_PVOID, out: *mut VIP_PVOID) -> VIP_RETURN {
     call(|| {
-        let vi = Vi::get(h(vi))?;
         need(out)?;
-        put(out, vi.send_done()?.0 as VIP_PVOID)
+        let desc = Vi::with(h(vi), |vi| vi.send_done())?;
+        put(out, desc.0 as VIP_PVOID)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipSendWait(vi: VIP_PVOID, timeout: c_ulong, out: *mut VIP_PVOID) -> VIP_RETURN {
     call(|| {
-        let vi = Vi::get(h(vi))?;
         need(out)?;
-        put(out, vi.send_wait(timeout as u64)?.0 as VIP_PVOID)
+        let desc = Vi::with(h(vi), |vi| vi.send_wait(timeout as u64))?;
+        put(out, desc.0 as VIP_PVOID)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipRecvDone(vi: VIP_PVOID, out: *mut VIP_PVOID) -> VIP_RETURN {
     call(|| {
-        let vi = Vi::get(h(vi))?;
         need(out)?;
-        put(out, vi.recv_done()?.0 as VIP_PVOID)
+        let desc = Vi::with(h(vi), |vi| vi.recv_done())?;
+        put(out, desc.0 as VIP_PVOID)
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn VipRecvWait(vi: VIP_PVOID, timeout: c_ulong, out: *mut VIP_PVOID) -> VIP_RETURN {
     call(|| {
-        let vi = Vi::get(h(vi))?;
         need(out)?;
-        put(out, vi.recv_wait(timeout as u64)?.0 as VIP_PVOID)
+        let desc = Vi::with(h(vi), |vi| vi.recv_wait(timeout as u64))?;
+        put(out, desc.0 as VIP_PVOID)
     })
 }
 
