@@ -19,6 +19,9 @@
 #                    segmentation offload and receive coalescing (the
 #                    default) and again with VIA_GSO=0, MTU 1500
 #   gso-9000         the same at MTU 9000
+#   gso-refused      the same where h2's route to h1 has a smaller MTU than
+#                    its device, so the kernel refuses GSO buffers: h2's
+#                    port falls back to single (fragmented) datagrams
 #
 # For each case a cluster comes up, the programs run on their hosts under
 # `timeout`, and the cluster goes down again (also on interruption).  Output:
@@ -47,7 +50,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -324,6 +327,27 @@ case_gso() {
     return "$ok"
 }
 
+# A route MTU below the device's: the kernel refuses h2's GSO buffers
+# (EINVAL), h2's port must fall back to single datagrams and say so once.
+case_gso_refused() {
+    up 2 || return 1
+    cluster exec 2 ip route replace "$(cluster addr 1)/32" dev eth0 mtu lock 1200 || return 1
+    spawn 1 "$logs/$tc.h1" 90 env VIA_LOG=via_provider=info "$out/stream" server h2 --size 4194304 --batch 4
+    server=$!
+    on 2 90 env VIA_LOG=via_provider=info \
+        "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 >"$logs/$tc.h2" 2>&1
+    rc=$?
+    wait "$server"
+    src=$?
+    show "$logs/$tc.h1" "$logs/$tc.h2"
+    expect "stream server on h1" 0 "$src" || return 1
+    expect "stream client on h2" 0 "$rc" || return 1
+    g1=$(offload_field "$logs/$tc.h1" gso) g2=$(offload_field "$logs/$tc.h2" gso)
+    n=$(grep -c 'segmentation offload refused' "$logs/$tc.h2")
+    echo "h1 gso=${g1:-?}; h2 gso=${g2:-?}, refusals logged: $n"
+    [ "$g1" = true ] && [ "$g2" = false ] && [ "$n" = 1 ]
+}
+
 run_one() {
     case $1 in
     names) case_names ;;
@@ -339,6 +363,7 @@ run_one() {
     bad-input) case_bad_input ;;
     gso-1500) case_gso 1500 ;;
     gso-9000) case_gso 9000 ;;
+    gso-refused) case_gso_refused ;;
     *)
         echo "no case '$1' (cases: $ALL_CASES)"
         return 1
