@@ -382,6 +382,9 @@ fn send_groups(
     packets: &[(Vec<u8>, usize)],
     max_segment: usize,
 ) -> Sent {
+    if let [(buf, len)] = packets {
+        return send_one(fd, addr, &buf[..*len]);
+    }
     let groups = gso_groups(packets.iter().map(|p| p.1), max_segment);
     let mut iov: Vec<libc::iovec> = packets
         .iter()
@@ -482,6 +485,28 @@ fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Grou
     groups
 }
 
+/// Sends one packet, without building a batch: the path of small
+/// messages and acknowledgements.
+fn send_one(fd: std::os::fd::RawFd, addr: &(libc::sockaddr_storage, libc::socklen_t), packet: &[u8]) -> Sent {
+    loop {
+        // SAFETY: the packet and the address are live for the call.
+        let r = unsafe {
+            libc::sendto(
+                fd,
+                packet.as_ptr() as *const libc::c_void,
+                packet.len(),
+                0,
+                &addr.0 as *const libc::sockaddr_storage as *const libc::sockaddr,
+                addr.1,
+            )
+        };
+        if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return Sent { packets: (r >= 0) as usize, gso_buffers: 0, refused: None };
+    }
+}
+
 /// Puts a `UDP_SEGMENT` control message with `segment` into `h`, in `buf`.
 fn set_segment_cmsg(h: &mut libc::msghdr, buf: &mut [u64; 3], segment: u16) {
     // SAFETY: CMSG_SPACE of a u16 is 24 bytes on 64-bit Linux (and less
@@ -516,6 +541,8 @@ struct Batch {
     /// One header per buffer; points into `iov`'s and `control`'s heap
     /// storage, which never moves.
     msgs: Vec<libc::mmsghdr>,
+    /// Headers the last `recvmmsg` filled.
+    filled: usize,
 }
 
 // The raw pointers only point into the batch's own heap buffers.
@@ -546,17 +573,19 @@ impl Batch {
                 libc::mmsghdr { msg_hdr: h, msg_len: 0 }
             })
             .collect();
-        Batch { bufs, lens: vec![0; count], segments: vec![0; count], iov, control, msgs }
+        Batch { bufs, lens: vec![0; count], segments: vec![0; count], iov, control, msgs, filled: 0 }
     }
 
     /// Receives up to a batch of datagrams without blocking; `None` when there are none.
     fn receive(&mut self, fd: std::os::fd::RawFd) -> Option<usize> {
         debug_assert_eq!(self.iov.len(), self.msgs.len());
         loop {
-            // The kernel shortens the control length to what it wrote.
-            for (m, c) in self.msgs.iter_mut().zip(&self.control) {
+            // The kernel shortened the control length of the headers it
+            // filled last time to what it wrote.
+            for (m, c) in self.msgs.iter_mut().zip(&self.control).take(self.filled) {
                 m.msg_hdr.msg_controllen = std::mem::size_of_val(c) as _;
             }
+            self.filled = 0;
             // SAFETY: the headers point at our buffers.
             let r = unsafe {
                 libc::recvmmsg(
@@ -574,6 +603,7 @@ impl Batch {
                 return None;
             }
             let n = r as usize;
+            self.filled = n;
             for i in 0..n {
                 let m = &self.msgs[i].msg_hdr;
                 let segment = match self.control.get(i) {
@@ -1106,5 +1136,15 @@ mod tests {
         if gro && max_segment > 0 {
             assert_eq!(coalesced, 1);
         }
+        // A single packet goes on its own.
+        let one = vec![(vec![7u8; 80], 80)];
+        assert_eq!(send_groups(tx.as_raw_fd(), &addr, &one, max_segment).packets, 1);
+        let mut got = Vec::new();
+        while got.is_empty() && Instant::now() < deadline {
+            if let Some(n) = batch.receive(rx.as_raw_fd()) {
+                got.extend(batch.datagrams(n).map(|d| d.to_vec()));
+            }
+        }
+        assert_eq!(got, vec![vec![7u8; 80]]);
     }
 }
