@@ -849,10 +849,10 @@ impl NetState {
     pub fn flush(&mut self, link_peer: SocketAddr, port: &NetPort, events: &mut Vec<Event>) {
         let now = Instant::now();
         let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
-        // With GSO a system call carries several 64 KiB buffers; without,
-        // a batch of datagrams.
+        // With GSO each GSO buffer goes as soon as it is full, so the peer
+        // starts on it while the next is built; without, a batch of datagrams.
         let batch = if port.gso.load(Ordering::Relaxed) {
-            (SEND_BATCH_BYTES / size).clamp(SEND_BATCH, 256)
+            (MAX_DATAGRAM / size).clamp(1, GSO_MAX_SEGMENTS)
         } else {
             SEND_BATCH
         };
@@ -888,8 +888,6 @@ impl NetState {
 
 /// Packets sent per system call without GSO.
 const SEND_BATCH: usize = 32;
-/// Bytes sent per system call with GSO (several GSO buffers).
-const SEND_BATCH_BYTES: usize = 256 << 10;
 
 /// Builds one packet into `buf`: header, payload gathered from the
 /// message's buffers, checksum.  Returns its length.
