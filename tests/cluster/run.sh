@@ -291,6 +291,22 @@ offload_field() {
     grep 'network VI' "$1" | sed -n "s/.*Offload {[^}]*$2: \([a-z0-9]*\).*/\1/p" | tail -n 1
 }
 
+# stream_pair BASE ENV...: 4 MiB messages (every byte checked) streamed from
+# h2 to a server on h1 for 2 s, both sides under ENV; logs in BASE.h1, BASE.h2.
+stream_pair() {
+    local base=$1 server rc src
+    shift
+    spawn 1 "$base.h1" 90 env "$@" "$out/stream" server h2 --size 4194304 --batch 4
+    server=$!
+    on 2 90 env "$@" "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 >"$base.h2" 2>&1
+    rc=$?
+    wait "$server"
+    src=$?
+    show "$base.h1" "$base.h2"
+    expect "stream server on h1" 0 "$src" || return 1
+    expect "stream client on h2" 0 "$rc"
+}
+
 # gso MTU: a stream of 4 MiB messages (every byte checked) with segmentation
 # offload on (the default) and with VIA_GSO=0; each side's port must report
 # that it sent GSO buffers and received coalesced datagrams, or, off, none.
@@ -298,17 +314,8 @@ case_gso() {
     up 2 --mtu "$1" || return 1
     ok=0
     for gso in 1 0; do
-        spawn 1 "$logs/$tc.gso$gso.h1" 90 env VIA_GSO=$gso VIA_LOG=via_provider=info \
-            "$out/stream" server h2 --size 4194304 --batch 4
-        server=$!
-        on 2 90 env VIA_GSO=$gso VIA_LOG=via_provider=info \
-            "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 >"$logs/$tc.gso$gso.h2" 2>&1
-        rc=$?
-        wait "$server"
-        src=$?
-        show "$logs/$tc.gso$gso.h1" "$logs/$tc.gso$gso.h2"
-        expect "VIA_GSO=$gso: stream server on h1" 0 "$src" || ok=1
-        expect "VIA_GSO=$gso: stream client on h2" 0 "$rc" || ok=1
+        echo "VIA_GSO=$gso:"
+        stream_pair "$logs/$tc.gso$gso" VIA_GSO=$gso VIA_LOG=via_provider=info || ok=1
         for h in 1 2; do
             log=$logs/$tc.gso$gso.h$h
             g=$(offload_field "$log" gso) r=$(offload_field "$log" gro)
@@ -332,16 +339,7 @@ case_gso() {
 case_gso_refused() {
     up 2 || return 1
     cluster exec 2 ip route replace "$(cluster addr 1)/32" dev eth0 mtu lock 1200 || return 1
-    spawn 1 "$logs/$tc.h1" 90 env VIA_LOG=via_provider=info "$out/stream" server h2 --size 4194304 --batch 4
-    server=$!
-    on 2 90 env VIA_LOG=via_provider=info \
-        "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 >"$logs/$tc.h2" 2>&1
-    rc=$?
-    wait "$server"
-    src=$?
-    show "$logs/$tc.h1" "$logs/$tc.h2"
-    expect "stream server on h1" 0 "$src" || return 1
-    expect "stream client on h2" 0 "$rc" || return 1
+    stream_pair "$logs/$tc" VIA_LOG=via_provider=info || return 1
     g1=$(offload_field "$logs/$tc.h1" gso) g2=$(offload_field "$logs/$tc.h2" gso)
     n=$(grep -c 'segmentation offload refused' "$logs/$tc.h2")
     echo "h1 gso=${g1:-?}; h2 gso=${g2:-?}, refusals logged: $n"
