@@ -1,13 +1,13 @@
 //! Micro-benchmarks of single VIPL calls on the data path, through the C
 //! ABI: posting and completing a send on a connected loopback pair, polling
 //! an empty receive queue, polling an empty CQ with 1 to 128 VIs attached,
-//! and registering memory.
+//! and registering memory; and the CRC-32C that every UDP packet carries.
 //!
 //! `cargo bench -p viabench --bench vipl`.  The host agent is started on
 //! demand (`target/release/viad`, or `$VIA_VIAD`) under a socket name of
 //! this run's own.
 
-use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use viabench::link::Mapping;
@@ -270,6 +270,20 @@ fn registration(c: &mut Criterion) {
     unsafe { VipCloseNic(side.nic) };
 }
 
+/// `via_wire::crc32c` over a small packet and over full packets at MTU
+/// 1500 and 9000 (the UDP payload sizes).
+fn crc32c(c: &mut Criterion) {
+    let mut group = c.benchmark_group("crc32c");
+    for len in [64usize, 1472, 8972] {
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 3) as u8).collect();
+        group.throughput(Throughput::Bytes(len as u64));
+        group.bench_function(BenchmarkId::from_parameter(len), |b| {
+            b.iter(|| via_wire::crc32c::crc32c(black_box(&data)))
+        });
+    }
+    group.finish();
+}
+
 fn config() -> Criterion {
     environment();
     Criterion::default()
@@ -281,6 +295,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = send_path, cq_poll, registration
+    targets = crc32c, send_path, cq_poll, registration
 }
 criterion_main!(benches);
