@@ -17,6 +17,7 @@ pub mod names;
 pub mod net;
 mod net_path;
 pub mod nic;
+mod peer_socket;
 pub mod progress;
 pub mod timeout;
 pub mod tuning;

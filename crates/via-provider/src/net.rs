@@ -17,11 +17,13 @@
 
 use crate::counters::{Counter, Counters};
 use crate::nic::Nic;
+use crate::peer_socket::{bind_port, PeerSocket};
 use crate::tuning::tuning;
 use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -62,9 +64,12 @@ pub fn gso_setting() -> bool {
     }
 }
 
-/// The UDP socket of one NIC.
+/// The UDP sockets of one NIC: one unconnected, and one connected to each
+/// peer (`peer_socket`).
 pub struct NetPort {
     socket: UdpSocket,
+    /// Every socket of the port, for the helper thread's epoll.
+    sockets: OwnedFd,
     /// The address IPv4 peers send to (the device's IPv4 address).
     pub local4: SocketAddr,
     /// The address IPv6 peers send to, if the device has an IPv6 address
@@ -85,8 +90,8 @@ pub struct NetPort {
     /// Coalesced datagrams received (holding more than one packet).
     gro_buffers: AtomicU64,
     vis: RwLock<HashMap<u32, Weak<Vi>>>,
-    /// Held while draining the socket, so packets of one VI are handled in order.
-    engine: Mutex<Batch>,
+    /// Held while draining the sockets, so packets of one VI are handled in order.
+    engine: Mutex<Engine>,
     /// The NIC's counters.
     pub counters: Counters,
     /// Who drains the socket: the application while it polls, the helper
@@ -162,9 +167,9 @@ impl NetPort {
             .as_deref()
             .and_then(|b| <[u8; 16]>::try_from(b).ok())
             .map(|b| IpAddr::V6(std::net::Ipv6Addr::from(b)));
-        let (socket, dual_stack) = match UdpSocket::bind("[::]:0") {
+        let (socket, dual_stack) = match bind_port(IpAddr::V6(Ipv6Addr::UNSPECIFIED)) {
             Ok(s) => (s, true),
-            Err(_) => (UdpSocket::bind(SocketAddr::new(ip4, 0)).map_err(|_| ViaError::Resource)?, false),
+            Err(_) => (bind_port(ip4).map_err(|_| ViaError::Resource)?, false),
         };
         socket.set_nonblocking(true).map_err(|_| ViaError::Resource)?;
         grow_buffers(&socket);
@@ -178,8 +183,10 @@ impl NetPort {
         // coalescing a buffer one byte longer than a packet tells a longer
         // datagram (truncated) from a packet.
         let buffer = if gro { GRO_BUFFER } else { MAX_DATAGRAM.min(HEADER_LEN + segment) + 1 };
+        let sockets = epoll_set(&socket).map_err(|_| ViaError::Resource)?;
         let port = Arc::new(NetPort {
             socket,
+            sockets,
             local4: SocketAddr::new(ip4, number),
             local6: ip6.filter(|_| dual_stack).map(|ip| SocketAddr::new(ip, number)),
             dual_stack,
@@ -190,7 +197,11 @@ impl NetPort {
             gso_buffers: AtomicU64::new(0),
             gro_buffers: AtomicU64::new(0),
             vis: RwLock::new(HashMap::new()),
-            engine: Mutex::new(Batch::new(tuning().recv_batch, buffer, gro)),
+            engine: Mutex::new(Engine {
+                batch: Batch::new(tuning().recv_batch, buffer, gro),
+                peers: Vec::new(),
+                polls: 0,
+            }),
             counters: nic.counters.clone(),
             handover: Handover::default(),
             token: AtomicU64::new(0),
@@ -199,10 +210,52 @@ impl NetPort {
         Ok(port)
     }
 
-    /// The socket's descriptor, for the helper thread's epoll.
-    pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        self.socket.as_raw_fd()
+    /// The descriptor the helper thread's epoll watches: an epoll set of
+    /// every socket of the port.
+    pub fn raw_fd(&self) -> RawFd {
+        self.sockets.as_raw_fd()
+    }
+
+    /// A socket of the port connected to `peer`, shared by every link to
+    /// it; `None` if none can be opened (the link then sends and receives
+    /// on the unconnected socket).
+    pub(crate) fn connect_peer(&self, peer: SocketAddr) -> Option<Arc<PeerSocket>> {
+        // An IPv4 peer gets an IPv4 socket: the kernel's IPv6 socket layer
+        // costs a dual-stack socket time on every datagram.
+        let port = self.socket.local_addr().ok()?.port();
+        let (local, to) = match peer {
+            SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+                Some(ip4) => (
+                    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+                    SocketAddr::new(IpAddr::V4(ip4), v6.port()),
+                ),
+                None => (SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port), peer),
+            },
+            SocketAddr::V4(_) => (SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port), peer),
+        };
+        let mut engine = self.engine.lock();
+        if let Some(s) = engine.peers.iter().find(|s| s.peer == to) {
+            return Some(s.clone());
+        }
+        let opened = PeerSocket::connect(local, to).and_then(|s| {
+            grow_buffers(s.socket());
+            if self.gro && !set_int_option(s.socket(), libc::SOL_UDP, UDP_GRO, 1) {
+                return Err(std::io::Error::last_os_error());
+            }
+            epoll_add(&self.sockets, s.fd())?;
+            Ok(s)
+        });
+        match opened {
+            Ok(s) => {
+                let s = Arc::new(s);
+                engine.peers.push(s.clone());
+                Some(s)
+            }
+            Err(e) => {
+                tracing::info!(%to, "no connected socket for this peer ({e}): using the port's own");
+                None
+            }
+        }
     }
 
     /// Routes packets for VI id `vi` to `target`.
@@ -215,15 +268,15 @@ impl NetPort {
         self.vis.write().remove(&vi);
     }
 
-    /// The application polls: drains the socket, and tells the helper thread
-    /// to leave it alone for a while.
+    /// The application polls: drains the sockets, and tells the helper
+    /// thread to leave them alone for a while.
     pub fn poll_for_app(&self) {
         self.handover.app_polled.store(epoch_ns(), Ordering::Relaxed);
-        self.poll();
+        self.poll(false);
     }
 
     /// An application thread is about to sleep until this port's packets
-    /// wake it: the helper thread must read the socket from now on.
+    /// wake it: the helper thread must read the sockets from now on.
     pub(crate) fn sleep(self: &Arc<Self>) -> PortSleep {
         self.handover.sleepers.fetch_add(1, Ordering::SeqCst);
         if !self.handover.armed.swap(true, Ordering::SeqCst) {
@@ -232,22 +285,52 @@ impl NetPort {
         PortSleep(self.clone())
     }
 
-    /// Drains the socket, handing each packet to its VI.  Returns false when
-    /// another thread is draining it already.
-    pub fn poll(&self) -> bool {
-        let Some(mut batch) = self.engine.try_lock() else { return false };
-        use std::os::fd::AsRawFd;
-        while let Some(n) = batch.receive(self.socket.as_raw_fd()) {
-            let coalesced = batch.segments[..n].iter().zip(&batch.lens).filter(|(&s, &len)| s > 0 && len > s).count();
-            if coalesced > 0 {
-                self.gro_buffers.fetch_add(coalesced as u64, Ordering::Relaxed);
-            }
-            self.dispatch(&batch, n);
+    /// Drains the sockets, handing each packet to its VI: the peer sockets,
+    /// and the unconnected one when there are none, every `UNCONNECTED_EVERY`
+    /// polls, or with `everything`.  Returns false when another thread is
+    /// draining them already.
+    pub fn poll(&self, everything: bool) -> bool {
+        let Some(mut engine) = self.engine.try_lock() else { return false };
+        let engine = &mut *engine;
+        // A socket only the port still holds has no link left.
+        if engine.peers.iter().any(|s| Arc::strong_count(s) == 1) {
+            engine.peers.retain(|s| Arc::strong_count(s) > 1);
+        }
+        for s in &engine.peers {
+            self.drain(&mut engine.batch, s.fd());
+        }
+        engine.polls = engine.polls.wrapping_add(1);
+        if everything || engine.peers.is_empty() || engine.polls % UNCONNECTED_EVERY == 0 {
+            self.drain(&mut engine.batch, self.socket.as_raw_fd());
+        }
+        true
+    }
+
+    /// Reads one socket: a datagram, and if more seem to follow (a long
+    /// message, coalesced datagrams), batches until it is empty.
+    fn drain(&self, batch: &mut Batch, fd: RawFd) {
+        if !batch.receive_one(fd) {
+            return;
+        }
+        self.received(batch, 1);
+        if !batch.more_likely(0, HEADER_LEN + self.segment) {
+            return;
+        }
+        while let Some(n) = batch.receive(fd) {
+            self.received(batch, n);
             if n < batch.lens.len() {
                 break;
             }
         }
-        true
+    }
+
+    /// Hands the first `n` buffers of `batch` to their VIs.
+    fn received(&self, batch: &Batch, n: usize) {
+        let coalesced = batch.segments[..n].iter().zip(&batch.lens).filter(|(&s, &len)| s > 0 && len > s).count();
+        if coalesced > 0 {
+            self.gro_buffers.fetch_add(coalesced as u64, Ordering::Relaxed);
+        }
+        self.dispatch(batch, n);
     }
 
     /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
@@ -318,29 +401,40 @@ impl NetPort {
         }
     }
 
-    /// Sends `packets` (buffers and lengths) to `to` with as few system
-    /// calls as possible: one `sendmmsg`, whose messages each carry a run of
-    /// equal-size packets as one GSO buffer where the port may use GSO.
-    fn send_all(&self, to: SocketAddr, packets: &[(Vec<u8>, usize)]) {
-        // A dual-stack socket reaches IPv4 peers at their mapped address.
-        let (to, headers) = match to {
+    /// Where packets to `to` go on the wire, and the bytes of the IP and
+    /// UDP headers in front of them: a dual-stack socket reaches IPv4 peers
+    /// at their mapped address.
+    fn destination(&self, to: SocketAddr) -> (SocketAddr, usize) {
+        match to {
             SocketAddr::V4(v4) if self.dual_stack => {
                 (SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port()), IP4_UDP_HEADERS)
             }
             SocketAddr::V4(_) => (to, IP4_UDP_HEADERS),
             SocketAddr::V6(_) => (to, IP6_UDP_HEADERS),
+        }
+    }
+
+    /// Sends `packets` (buffers and lengths) to `to`, on `connected` (the
+    /// port's socket connected to `to`) if there is one, with as few system
+    /// calls as possible: one `sendmmsg`, whose messages each carry a run of
+    /// equal-size packets as one GSO buffer where the port may use GSO.
+    fn send_all(&self, to: SocketAddr, connected: Option<&PeerSocket>, packets: &[(Vec<u8>, usize)]) {
+        let (to, headers) = self.destination(to);
+        let addr = socket_addr(to);
+        let (fd, addr) = match connected {
+            Some(s) => (s.fd(), None),
+            None => (self.socket.as_raw_fd(), Some(&addr)),
         };
-        let addr = socket2_addr(to);
         // A GSO segment must fit the MTU whole (the kernel refuses it otherwise).
         let max_segment = if self.gso.load(Ordering::Relaxed) { self.mtu.saturating_sub(headers) } else { 0 };
-        let (mut sent, refused) = self.send_groups(&addr, packets, max_segment);
+        let (mut sent, refused) = self.send_groups(fd, addr, packets, max_segment);
         if let Some(at) = refused {
             // This socket cannot send GSO buffers (a device without checksum
             // offload, an old kernel): from now on, one datagram per message.
             if self.gso.swap(false, Ordering::Relaxed) {
                 tracing::info!("UDP segmentation offload refused on this port; sending datagrams one by one");
             }
-            sent = at + self.send_groups(&addr, &packets[at..], 0).0;
+            sent = at + self.send_groups(fd, addr, &packets[at..], 0).0;
         }
         self.counters.add(Counter::PacketsSent, sent as u64);
     }
@@ -348,16 +442,55 @@ impl NetPort {
     /// Sends `packets` with [`send_groups`], counting the GSO buffers.
     fn send_groups(
         &self,
-        addr: &(libc::sockaddr_storage, libc::socklen_t),
+        fd: RawFd,
+        addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>,
         packets: &[(Vec<u8>, usize)],
         max_segment: usize,
     ) -> (usize, Option<usize>) {
-        use std::os::fd::AsRawFd;
-        let out = send_groups(self.socket.as_raw_fd(), addr, packets, max_segment);
+        let out = send_groups(fd, addr, packets, max_segment);
         if out.gso_buffers > 0 {
             self.gso_buffers.fetch_add(out.gso_buffers as u64, Ordering::Relaxed);
         }
         (out.packets, out.refused)
+    }
+}
+
+/// What draining a port's sockets needs, held by whoever drains them.
+struct Engine {
+    batch: Batch,
+    /// The port's sockets connected to one peer each, drained at every poll.
+    peers: Vec<Arc<PeerSocket>>,
+    /// Polls so far: the unconnected socket is drained every
+    /// `UNCONNECTED_EVERY`, since connected peers do not send to it.
+    polls: u32,
+}
+
+/// How often an application's poll drains the unconnected socket as well
+/// when the port has peer sockets.
+const UNCONNECTED_EVERY: u32 = 16;
+
+/// An epoll set holding `socket`, to which the peer sockets are added.
+fn epoll_set(socket: &UdpSocket) -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain syscall; the result is checked.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let set = unsafe { OwnedFd::from_raw_fd(fd) };
+    epoll_add(&set, socket.as_raw_fd())?;
+    Ok(set)
+}
+
+/// Adds `fd` to the epoll set `set`: readable when a datagram waits.  A
+/// socket leaves the set when it is closed.
+fn epoll_add(set: &OwnedFd, fd: RawFd) -> std::io::Result<()> {
+    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
+    // SAFETY: both descriptors are open.
+    if unsafe { libc::epoll_ctl(set.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -373,12 +506,13 @@ struct Sent {
     refused: Option<usize>,
 }
 
-/// Sends `packets` to `addr` on `fd` with `sendmmsg`, runs of them as GSO
-/// buffers of segments up to `max_segment` bytes (0: no GSO).  A full
-/// socket buffer drops the rest (the session retransmits).
+/// Sends `packets` to `addr` (`None`: the peer `fd` is connected to) on
+/// `fd` with `sendmmsg`, runs of them as GSO buffers of segments up to
+/// `max_segment` bytes (0: no GSO).  A full socket buffer drops the rest
+/// (the session retransmits).
 fn send_groups(
-    fd: std::os::fd::RawFd,
-    addr: &(libc::sockaddr_storage, libc::socklen_t),
+    fd: RawFd,
+    addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>,
     packets: &[(Vec<u8>, usize)],
     max_segment: usize,
 ) -> Sent {
@@ -395,8 +529,10 @@ fn send_groups(
     for (g, ctrl) in groups.iter().zip(control.iter_mut()) {
         // SAFETY: a zeroed msghdr is valid; fields set below.
         let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-        h.msg_name = &addr.0 as *const libc::sockaddr_storage as *mut libc::c_void;
-        h.msg_namelen = addr.1;
+        if let Some((name, len)) = addr {
+            h.msg_name = name as *const libc::sockaddr_storage as *mut libc::c_void;
+            h.msg_namelen = *len;
+        }
         h.msg_iov = iov[g.start..].as_mut_ptr();
         h.msg_iovlen = g.count;
         if g.count > 1 {
@@ -487,19 +623,14 @@ fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Grou
 
 /// Sends one packet, without building a batch: the path of small
 /// messages and acknowledgements.
-fn send_one(fd: std::os::fd::RawFd, addr: &(libc::sockaddr_storage, libc::socklen_t), packet: &[u8]) -> Sent {
+fn send_one(fd: RawFd, addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>, packet: &[u8]) -> Sent {
+    let (name, len) = match addr {
+        Some((name, len)) => (name as *const libc::sockaddr_storage as *const libc::sockaddr, *len),
+        None => (std::ptr::null(), 0),
+    };
     loop {
-        // SAFETY: the packet and the address are live for the call.
-        let r = unsafe {
-            libc::sendto(
-                fd,
-                packet.as_ptr() as *const libc::c_void,
-                packet.len(),
-                0,
-                &addr.0 as *const libc::sockaddr_storage as *const libc::sockaddr,
-                addr.1,
-            )
-        };
+        // SAFETY: the packet and the address (if any) are live for the call.
+        let r = unsafe { libc::sendto(fd, packet.as_ptr() as *const libc::c_void, packet.len(), 0, name, len) };
         if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
             continue;
         }
@@ -576,16 +707,11 @@ impl Batch {
         Batch { bufs, lens: vec![0; count], segments: vec![0; count], iov, control, msgs, filled: 0 }
     }
 
-    /// Receives up to a batch of datagrams without blocking; `None` when there are none.
-    fn receive(&mut self, fd: std::os::fd::RawFd) -> Option<usize> {
-        debug_assert_eq!(self.iov.len(), self.msgs.len());
+    /// Receives up to a batch of datagrams without blocking; `None` when
+    /// there are none.
+    fn receive(&mut self, fd: RawFd) -> Option<usize> {
+        self.reset_control();
         loop {
-            // The kernel shortened the control length of the headers it
-            // filled last time to what it wrote.
-            for (m, c) in self.msgs.iter_mut().zip(&self.control).take(self.filled) {
-                m.msg_hdr.msg_controllen = std::mem::size_of_val(c) as _;
-            }
-            self.filled = 0;
             // SAFETY: the headers point at our buffers.
             let r = unsafe {
                 libc::recvmmsg(
@@ -605,26 +731,68 @@ impl Batch {
             let n = r as usize;
             self.filled = n;
             for i in 0..n {
-                let m = &self.msgs[i].msg_hdr;
-                let segment = match self.control.get(i) {
-                    Some(c) => {
-                        // SAFETY: `control` holds `size_of_val(c)` initialised bytes.
-                        let bytes =
-                            unsafe { std::slice::from_raw_parts(c.as_ptr() as *const u8, std::mem::size_of_val(c)) };
-                        // `msg_controllen` is a size_t in glibc, a socklen_t in musl.
-                        #[allow(clippy::unnecessary_cast)]
-                        let written = (m.msg_controllen as usize).min(bytes.len());
-                        gro_segment(&bytes[..written])
-                    }
-                    None => 0,
-                };
-                let len = self.msgs[i].msg_len as usize;
-                let truncated = m.msg_flags & libc::MSG_TRUNC != 0;
-                self.lens[i] = received_len(len, self.bufs[i].len(), truncated, segment);
-                self.segments[i] = segment;
+                self.settle(i, self.msgs[i].msg_len as usize);
             }
             return Some(n);
         }
+    }
+
+    /// Receives one datagram into the first buffer without blocking: one
+    /// system call where `recvmmsg` would make a second attempt, which
+    /// finds nothing when a single small message came.
+    fn receive_one(&mut self, fd: RawFd) -> bool {
+        self.reset_control();
+        loop {
+            // SAFETY: the first header points at our first buffer.
+            let r = unsafe { libc::recvmsg(fd, &mut self.msgs[0].msg_hdr, libc::MSG_DONTWAIT) };
+            if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if r < 0 {
+                return false;
+            }
+            self.filled = 1;
+            self.settle(0, r as usize);
+            return true;
+        }
+    }
+
+    /// Whether buffer `i` suggests more datagrams are on their way: it
+    /// holds several coalesced ones, or one packet of `full` bytes or more
+    /// (a message longer than a packet continues).
+    fn more_likely(&self, i: usize, full: usize) -> bool {
+        let (len, segment) = (self.lens[i], self.segments[i]);
+        (segment > 0 && len > segment) || len >= full
+    }
+
+    /// The kernel shortened the control length of the headers it filled
+    /// last time to what it wrote: restores them.
+    fn reset_control(&mut self) {
+        debug_assert_eq!(self.iov.len(), self.msgs.len());
+        for (m, c) in self.msgs.iter_mut().zip(&self.control).take(self.filled) {
+            m.msg_hdr.msg_controllen = std::mem::size_of_val(c) as _;
+        }
+        self.filled = 0;
+    }
+
+    /// Records the length and segment size of buffer `i`, which received
+    /// `len` bytes.
+    fn settle(&mut self, i: usize, len: usize) {
+        let m = &self.msgs[i].msg_hdr;
+        let segment = match self.control.get(i) {
+            Some(c) => {
+                // SAFETY: `control` holds `size_of_val(c)` initialised bytes.
+                let bytes = unsafe { std::slice::from_raw_parts(c.as_ptr() as *const u8, std::mem::size_of_val(c)) };
+                // `msg_controllen` is a size_t in glibc, a socklen_t in musl.
+                #[allow(clippy::unnecessary_cast)]
+                let written = (m.msg_controllen as usize).min(bytes.len());
+                gro_segment(&bytes[..written])
+            }
+            None => 0,
+        };
+        let truncated = m.msg_flags & libc::MSG_TRUNC != 0;
+        self.lens[i] = received_len(len, self.bufs[i].len(), truncated, segment);
+        self.segments[i] = segment;
     }
 
     /// The datagrams of the first `n` buffers, coalesced ones cut apart.
@@ -704,8 +872,8 @@ impl<'a> Iterator for Split<'a> {
     }
 }
 
-/// A socket address in the form `sendmmsg` takes.
-fn socket2_addr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+/// A socket address in the form `bind` and `sendmmsg` take.
+pub(crate) fn socket_addr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: zeroed storage is valid; we fill the variant that matches.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
@@ -750,7 +918,6 @@ fn grow_buffers(socket: &UdpSocket) {
 
 /// Sets an integer socket option; whether the kernel took it.
 fn set_int_option(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
-    use std::os::fd::AsRawFd;
     // SAFETY: setsockopt with an int option on our socket.
     unsafe {
         libc::setsockopt(
@@ -767,7 +934,6 @@ fn set_int_option(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, val
 /// later answer for `UDP_SEGMENT`; older ones would ignore the control
 /// message and send one long datagram).
 fn kernel_has_gso(socket: &UdpSocket) -> bool {
-    use std::os::fd::AsRawFd;
     let mut value: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: getsockopt of an int option into a local.
@@ -797,6 +963,8 @@ pub struct NetLink {
     pub port: Arc<NetPort>,
     /// The peer's data socket.
     pub peer: SocketAddr,
+    /// The port's socket connected to the peer, if it has one.
+    connected: Option<Arc<PeerSocket>>,
     /// This VI's id on the wire.
     pub local_vi: u32,
     pub(crate) state: Mutex<NetState>,
@@ -822,6 +990,7 @@ impl NetLink {
         remote: via_reliable::Peer,
     ) -> NetLink {
         NetLink {
+            connected: port.connect_peer(peer),
             port,
             peer,
             local_vi: local.vi,
@@ -845,8 +1014,11 @@ impl NetState {
         token
     }
 
-    /// Sends everything the session has to send, and collects its events.
-    pub fn flush(&mut self, link_peer: SocketAddr, port: &NetPort, events: &mut Vec<Event>) {
+    /// Sends everything the session has to send on `link` (whose state
+    /// this is), and collects its events.
+    pub fn flush(&mut self, link: &NetLink, events: &mut Vec<Event>) {
+        let port = &*link.port;
+        let send = |packets: &[(Vec<u8>, usize)]| port.send_all(link.peer, link.connected.as_deref(), packets);
         let now = Instant::now();
         let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
         // With GSO each GSO buffer goes as soon as it is full, so the peer
@@ -865,12 +1037,12 @@ impl NetState {
             self.out[n].1 = len;
             n += 1;
             if n == batch {
-                port.send_all(link_peer, &self.out[..n]);
+                send(&self.out[..n]);
                 n = 0;
             }
         }
         if n > 0 {
-            port.send_all(link_peer, &self.out[..n]);
+            send(&self.out[..n]);
         }
         let stats = self.session.stats();
         port.counters.add(Counter::Retransmits, stats.retransmits - self.seen.retransmits);
@@ -955,7 +1127,7 @@ impl NetLink {
         let mut st = self.state.lock();
         tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), "network VI disconnected");
         st.session.disconnect();
-        st.flush(self.peer, &self.port, &mut Vec::new());
+        st.flush(self, &mut Vec::new());
         drop(st);
         self.port.unregister(self.local_vi);
     }
@@ -967,7 +1139,7 @@ impl NetLink {
         if let Some(code) = code {
             st.session.close(code);
         }
-        st.flush(self.peer, &self.port, &mut Vec::new());
+        st.flush(self, &mut Vec::new());
         drop(st);
         self.port.unregister(self.local_vi);
     }
@@ -1098,7 +1270,6 @@ mod tests {
     /// coalesced them.
     #[test]
     fn gso_send_and_gro_receive_over_loopback() {
-        use std::os::fd::AsRawFd;
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_nonblocking(true).unwrap();
@@ -1110,9 +1281,9 @@ mod tests {
                 (vec![i; len], len)
             })
             .collect();
-        let addr = socket2_addr(rx.local_addr().unwrap());
+        let addr = socket_addr(rx.local_addr().unwrap());
         let max_segment = if kernel_has_gso(&tx) { 1472 } else { 0 };
-        let sent = send_groups(tx.as_raw_fd(), &addr, &packets, max_segment);
+        let sent = send_groups(tx.as_raw_fd(), Some(&addr), &packets, max_segment);
         if sent.refused.is_some() {
             eprintln!("the kernel refused GSO on loopback: {sent:?}");
             return;
@@ -1136,7 +1307,7 @@ mod tests {
         }
         // A single packet goes on its own.
         let one = vec![(vec![7u8; 80], 80)];
-        assert_eq!(send_groups(tx.as_raw_fd(), &addr, &one, max_segment).packets, 1);
+        assert_eq!(send_groups(tx.as_raw_fd(), Some(&addr), &one, max_segment).packets, 1);
         let mut got = Vec::new();
         while got.is_empty() && Instant::now() < deadline {
             if let Some(n) = batch.receive(rx.as_raw_fd()) {

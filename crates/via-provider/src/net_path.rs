@@ -112,7 +112,7 @@ impl Vi {
                 q.items.push_back(item);
             }
         }
-        st.flush(link.peer, &link.port, &mut events);
+        st.flush(link, &mut events);
         timer.stop(&self.nic.counters, Counter::TransferNs, Some(Counter::Transfers));
         if let Some(t) = st.session.poll_timeout() {
             progress::kick_before(t);
@@ -130,7 +130,7 @@ impl Vi {
             for (header, payload) in packets {
                 st.session.handle_packet(now, header, payload);
             }
-            st.flush(link.peer, &link.port, &mut events);
+            st.flush(&link, &mut events);
         }
         if !events.is_empty() {
             self.apply_net(&link, events);
@@ -146,7 +146,7 @@ impl Vi {
             if st.session.poll_timeout().is_some_and(|t| t <= now) {
                 st.session.handle_timeout(now);
             }
-            st.flush(link.peer, &link.port, &mut events);
+            st.flush(&link, &mut events);
             st.session.poll_timeout()
         };
         if !events.is_empty() {
@@ -333,10 +333,10 @@ impl Vi {
                     let _ = st.session.send(OutMessage { kind, len, imm: None, token });
                 }
                 // Answers go out before a BREAK that closes the session.
-                st.flush(link.peer, &link.port, &mut more);
+                st.flush(link, &mut more);
                 if let Some(b) = f.close {
                     st.session.close(b.theirs);
-                    st.flush(link.peer, &link.port, &mut more);
+                    st.flush(link, &mut more);
                 }
             }
             if let Some(b) = f.close {

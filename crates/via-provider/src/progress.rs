@@ -123,7 +123,7 @@ pub fn arm_port(port: &NetPort) {
 /// The helper thread drains a port and arms its report again; false if
 /// another thread is draining it (then `service_ports` tries again soon).
 fn take_over(port: &NetPort) -> bool {
-    if !port.poll() {
+    if !port.poll(true) {
         return false;
     }
     port.handover.armed.store(true, Ordering::SeqCst);

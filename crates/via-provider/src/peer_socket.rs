@@ -1,0 +1,156 @@
+//! The sockets of a network port: one unconnected, and one connected to
+//! each peer.
+//!
+//! An unconnected socket costs the kernel a route lookup for every
+//! datagram it sends (the destination comes with each one) and for every
+//! one it receives (only connected sockets are found early, with the route
+//! they keep).  A port therefore opens, for each peer its VIs talk to, a
+//! socket connected to that peer and bound to the port's own address
+//! (`SO_REUSEPORT`): the kernel hands it that peer's datagrams, since a
+//! connected socket wins the lookup for its peer and is never chosen for
+//! another one, and sends on it need no lookup.  The unconnected socket
+//! keeps everything else (datagrams that arrive before a connection is
+//! complete, peers whose socket could not be opened).
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+
+/// A socket of the port connected to one peer.
+pub struct PeerSocket {
+    socket: UdpSocket,
+    /// The peer it is connected to.
+    pub peer: SocketAddr,
+}
+
+impl PeerSocket {
+    /// Opens a socket bound to `local` (the port's address, shared) and
+    /// connected to `peer`.
+    pub fn connect(local: SocketAddr, peer: SocketAddr) -> std::io::Result<PeerSocket> {
+        let socket = bind_shared(local)?;
+        socket.connect(peer)?;
+        Ok(PeerSocket { socket, peer })
+    }
+
+    /// The socket's descriptor.
+    pub fn fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+
+    /// The socket itself, for socket options.
+    pub fn socket(&self) -> &UdpSocket {
+        &self.socket
+    }
+}
+
+/// Binds the port's unconnected socket to a free port of `ip` (the IPv6
+/// wildcard for a dual-stack socket), shared with the peer sockets opened
+/// later.  The kernel may give a port of another `SO_REUSEPORT` socket of
+/// the same user to a socket that asks for any port, which would then
+/// share its datagrams: so a plain socket finds a port nobody has first.
+pub fn bind_port(ip: IpAddr) -> std::io::Result<UdpSocket> {
+    let mut last = None;
+    for _ in 0..8 {
+        let free = UdpSocket::bind(SocketAddr::new(ip, 0))?.local_addr()?;
+        match bind_shared(free) {
+            Ok(s) => return Ok(s),
+            // Someone took the port in between: try another.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::ErrorKind::AddrInUse.into()))
+}
+
+/// A non-blocking UDP socket with `SO_REUSEPORT`, bound to `addr`;
+/// dual-stack if `addr` is the IPv6 wildcard.
+fn bind_shared(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let family = if addr.is_ipv6() { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: a plain socket call; the result is checked.
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new socket that nothing else owns.
+    let socket = unsafe { UdpSocket::from_raw_fd(fd) };
+    set_option(&socket, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    if addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) {
+        set_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
+    }
+    let (storage, len) = crate::net::socket_addr(addr);
+    // SAFETY: `storage` holds a socket address of `len` bytes.
+    let r = unsafe { libc::bind(fd, &storage as *const libc::sockaddr_storage as *const libc::sockaddr, len) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(socket)
+}
+
+fn set_option(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: setsockopt with an int option on our socket.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn recv_from(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
+        let mut buf = [0u8; 64];
+        for _ in 0..1000 {
+            match s.recv_from(&mut buf) {
+                Ok((n, from)) => return Some((buf[..n].to_vec(), from)),
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_connected_socket_takes_its_peer_and_only_its_peer() {
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let port = bind_port(lo).expect("port");
+        let local = port.local_addr().unwrap();
+        let a = UdpSocket::bind((lo, 0)).unwrap();
+        let b = UdpSocket::bind((lo, 0)).unwrap();
+        let to_a = PeerSocket::connect(local, a.local_addr().unwrap()).expect("peer socket");
+        to_a.socket().set_nonblocking(true).unwrap();
+
+        // The peer's datagrams reach the connected socket, others the port's.
+        a.send_to(b"from a", local).unwrap();
+        b.send_to(b"from b", local).unwrap();
+        let (got, from) = recv_from(to_a.socket()).expect("a's datagram");
+        assert_eq!((got.as_slice(), from), (&b"from a"[..], a.local_addr().unwrap()));
+        let (got, from) = recv_from(&port).expect("b's datagram");
+        assert_eq!((got.as_slice(), from), (&b"from b"[..], b.local_addr().unwrap()));
+        assert!(to_a.socket().recv(&mut [0u8; 8]).is_err(), "b's datagram must not reach a's socket");
+
+        // Sends on the connected socket leave from the port's address.
+        to_a.socket().send(b"to a").unwrap();
+        let (got, from) = recv_from(&a).expect("reply");
+        assert_eq!((got.as_slice(), from), (&b"to a"[..], local));
+    }
+
+    #[test]
+    fn the_port_is_nobody_elses() {
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let port = bind_port(lo).expect("port");
+        let local = port.local_addr().unwrap();
+        // A plain socket cannot join it; a socket of ours with SO_REUSEPORT can.
+        assert!(UdpSocket::bind(local).is_err());
+        assert!(bind_shared(local).is_ok());
+    }
+}
