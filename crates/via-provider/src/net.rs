@@ -1,10 +1,12 @@
 //! The network transport: VIs on different hosts over UDP.
 //!
-//! Each NIC has one UDP socket (a [`NetPort`]) that multiplexes all its
-//! VIs: packets name the target VI and carry its random per-connection key.
+//! Each NIC has one UDP port (a [`NetPort`]) that multiplexes all its VIs:
+//! packets name the target VI and carry its random per-connection key.  The
+//! port is an unconnected socket and a socket connected to each peer
+//! (`peer_socket`), all bound to one address.
 //! Each connected VI owns a [`via_reliable::Session`], the I/O-free protocol
 //! core; this module feeds it datagrams and time, and sends what it returns.
-//! Whoever calls first drains the socket: the application in its
+//! Whoever calls first drains the sockets: the application in its
 //! `Done`/`Wait` calls, or the helper thread when the application is not
 //! calling.
 //!
