@@ -25,7 +25,7 @@ use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -70,8 +70,9 @@ pub fn gso_setting() -> bool {
 /// peer (`peer_socket`).
 pub struct NetPort {
     socket: UdpSocket,
-    /// Every socket of the port, for the helper thread's epoll.
-    sockets: OwnedFd,
+    /// Every socket of the port, and whether they are in the helper
+    /// thread's epoll.
+    watched: Mutex<Watched>,
     /// The address IPv4 peers send to (the device's IPv4 address).
     pub local4: SocketAddr,
     /// The address IPv6 peers send to, if the device has an IPv6 address
@@ -185,10 +186,10 @@ impl NetPort {
         // coalescing a buffer one byte longer than a packet tells a longer
         // datagram (truncated) from a packet.
         let buffer = if gro { GRO_BUFFER } else { MAX_DATAGRAM.min(HEADER_LEN + segment) + 1 };
-        let sockets = epoll_set(&socket).map_err(|_| ViaError::Resource)?;
+        let watched = Mutex::new(Watched { fds: vec![socket.as_raw_fd()], epoll: None });
         let port = Arc::new(NetPort {
             socket,
-            sockets,
+            watched,
             local4: SocketAddr::new(ip4, number),
             local6: ip6.filter(|_| dual_stack).map(|ip| SocketAddr::new(ip, number)),
             dual_stack,
@@ -212,10 +213,27 @@ impl NetPort {
         Ok(port)
     }
 
-    /// The descriptor the helper thread's epoll watches: an epoll set of
-    /// every socket of the port.
-    pub fn raw_fd(&self) -> RawFd {
-        self.sockets.as_raw_fd()
+    /// Puts every socket of the port in the epoll set `epoll` under
+    /// `token`, to be reported once (`EPOLLONESHOT`), or arms them again.
+    pub(crate) fn watch(&self, epoll: RawFd, token: u64) {
+        let mut w = self.watched.lock();
+        let op = if w.epoll.is_some() { libc::EPOLL_CTL_MOD } else { libc::EPOLL_CTL_ADD };
+        for &fd in &w.fds {
+            epoll_ctl(epoll, op, fd, token);
+        }
+        w.epoll = Some((epoll, token));
+    }
+
+    /// Takes the sockets out of the helper thread's epoll: a socket in an
+    /// epoll set costs every datagram that arrives a call into epoll, even
+    /// when its report is spent.
+    pub(crate) fn unwatch(&self) {
+        let mut w = self.watched.lock();
+        if let Some((epoll, _)) = w.epoll.take() {
+            for &fd in &w.fds {
+                epoll_ctl(epoll, libc::EPOLL_CTL_DEL, fd, 0);
+            }
+        }
     }
 
     /// A socket of the port connected to `peer`, shared by every link to
@@ -244,12 +262,17 @@ impl NetPort {
             if self.gro && !set_int_option(s.socket(), libc::SOL_UDP, UDP_GRO, 1) {
                 return Err(std::io::Error::last_os_error());
             }
-            epoll_add(&self.sockets, s.fd())?;
             Ok(s)
         });
         match opened {
             Ok(s) => {
                 let s = Arc::new(s);
+                let mut w = self.watched.lock();
+                w.fds.push(s.fd());
+                if let Some((epoll, token)) = w.epoll {
+                    epoll_ctl(epoll, libc::EPOLL_CTL_ADD, s.fd(), token);
+                }
+                drop(w);
                 engine.peers.push(s.clone());
                 Some(s)
             }
@@ -294,8 +317,17 @@ impl NetPort {
     pub fn poll(&self, everything: bool) -> bool {
         let Some(mut engine) = self.engine.try_lock() else { return false };
         let engine = &mut *engine;
-        // A socket only the port still holds has no link left.
+        // A socket only the port still holds has no link left: it leaves
+        // the epoll set before it is closed (its number may be reused).
         if engine.peers.iter().any(|s| Arc::strong_count(s) == 1) {
+            let mut w = self.watched.lock();
+            for s in engine.peers.iter().filter(|s| Arc::strong_count(s) == 1) {
+                w.fds.retain(|&fd| fd != s.fd());
+                if let Some((epoll, _)) = w.epoll {
+                    epoll_ctl(epoll, libc::EPOLL_CTL_DEL, s.fd(), 0);
+                }
+            }
+            drop(w);
             engine.peers.retain(|s| Arc::strong_count(s) > 1);
         }
         for s in &engine.peers {
@@ -471,29 +503,20 @@ struct Engine {
 /// when the port has peer sockets.
 const UNCONNECTED_EVERY: u32 = 16;
 
-/// An epoll set holding `socket`, to which the peer sockets are added.
-fn epoll_set(socket: &UdpSocket) -> std::io::Result<OwnedFd> {
-    // SAFETY: a plain syscall; the result is checked.
-    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    let set = unsafe { OwnedFd::from_raw_fd(fd) };
-    epoll_add(&set, socket.as_raw_fd())?;
-    Ok(set)
+/// The port's sockets, and the epoll set and token they are in, if any.
+struct Watched {
+    fds: Vec<RawFd>,
+    epoll: Option<(RawFd, u64)>,
 }
 
-/// Adds `fd` to the epoll set `set`: readable when a datagram waits.  A
-/// socket leaves the set when it is closed.
-fn epoll_add(set: &OwnedFd, fd: RawFd) -> std::io::Result<()> {
-    let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
-    // SAFETY: both descriptors are open.
-    if unsafe { libc::epoll_ctl(set.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+/// Adds `fd` to, re-arms it in, or removes it from the epoll set `epoll`:
+/// readable, reported once.
+fn epoll_ctl(epoll: RawFd, op: libc::c_int, fd: RawFd, token: u64) {
+    let events = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: both descriptors are open: the helper's epoll lives for the
+    // process, the port's sockets leave the set before they are closed.
+    unsafe { libc::epoll_ctl(epoll, op, fd, &mut ev) };
 }
 
 /// What [`send_groups`] did.

@@ -107,17 +107,14 @@ pub fn watch_port(port: &Arc<NetPort>) {
     drop(ports);
     port.token.store(PORT_TOKEN | index, Ordering::Release);
     port.handover.armed.store(true, Ordering::SeqCst);
-    add(h, port.raw_fd(), PORT_TOKEN | index, libc::EPOLLONESHOT as u32);
+    port.watch(h.epoll.as_raw_fd(), PORT_TOKEN | index);
 }
 
-/// Arms the one-shot report of a port's socket again (the caller has set
+/// Arms the one-shot report of a port's sockets again (the caller has set
 /// `armed`): a datagram already waiting is reported at once.
 pub fn arm_port(port: &NetPort) {
     let h = helper();
-    let events = (libc::EPOLLIN | libc::EPOLLONESHOT) as u32;
-    let mut ev = libc::epoll_event { events, u64: port.token.load(Ordering::Acquire) };
-    // SAFETY: the port's socket is open while the port lives.
-    unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_MOD, port.raw_fd(), &mut ev) };
+    port.watch(h.epoll.as_raw_fd(), port.token.load(Ordering::Acquire));
 }
 
 /// The helper thread drains a port and arms its report again; false if
@@ -213,8 +210,10 @@ fn run(h: &'static Helper) {
             } else if token & PORT_TOKEN != 0 {
                 let port = h.ports.lock().get((token & !PORT_TOKEN) as usize).and_then(Weak::upgrade);
                 if let Some(port) = port {
-                    // One-shot: the report is spent.  Drain now if nobody else
-                    // will; otherwise `service_ports` looks again later.
+                    // One-shot: the report is spent, and the sockets leave the
+                    // epoll set until it is armed again.  Drain now if nobody
+                    // else will; otherwise `service_ports` looks again later.
+                    port.unwatch();
                     port.handover.armed.store(false, Ordering::SeqCst);
                     if port.handover.helper_drains(crate::net::epoch_ns()) {
                         take_over(&port);
