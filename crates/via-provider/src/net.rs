@@ -116,8 +116,13 @@ pub(crate) const QUIET: std::time::Duration = std::time::Duration::from_micros(2
 /// poll that is running reads it.
 #[derive(Default)]
 pub(crate) struct Handover {
-    /// When the application last polled (ns since `epoch()`).
-    app_polled: AtomicU64,
+    /// Polls by the application so far: a count, not a clock, so that a
+    /// poll reads no clock.  Only a change matters.
+    app_polls: AtomicU64,
+    /// The count the helper thread saw last, and when it last saw it
+    /// change (ns since `epoch()`); only the helper thread writes these.
+    seen_polls: AtomicU64,
+    seen_change_ns: AtomicU64,
     /// Application threads asleep in a wait that this port's packets end.
     sleepers: AtomicU32,
     /// Whether the helper thread's epoll will report the socket.
@@ -125,17 +130,34 @@ pub(crate) struct Handover {
 }
 
 impl Handover {
+    /// The application polls.
+    fn polled(&self) {
+        // Threads that poll at once may lose each other's increments: any
+        // change is enough.
+        let n = self.app_polls.load(Ordering::Relaxed);
+        self.app_polls.store(n.wrapping_add(1), Ordering::Relaxed);
+    }
+
     /// Whether the helper thread should drain the socket now: somebody
-    /// sleeps on it, or the application has not polled for `QUIET`.
+    /// sleeps on it, or the application has not polled for `QUIET` (since
+    /// the helper thread last looked and saw it had).  Helper thread only.
     pub(crate) fn helper_drains(&self, now_ns: u64) -> bool {
-        self.sleepers.load(Ordering::SeqCst) > 0
-            || now_ns.saturating_sub(self.app_polled.load(Ordering::Relaxed)) >= QUIET.as_nanos() as u64
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
+        let polls = self.app_polls.load(Ordering::Relaxed);
+        if polls != self.seen_polls.load(Ordering::Relaxed) {
+            self.seen_polls.store(polls, Ordering::Relaxed);
+            self.seen_change_ns.store(now_ns, Ordering::Relaxed);
+            return false;
+        }
+        now_ns.saturating_sub(self.seen_change_ns.load(Ordering::Relaxed)) >= QUIET.as_nanos() as u64
     }
 
     /// When the helper thread should look again, if it left the socket to
     /// the application (ns since `epoch()`).
     pub(crate) fn look_again_ns(&self) -> u64 {
-        self.app_polled.load(Ordering::Relaxed) + QUIET.as_nanos() as u64
+        self.seen_change_ns.load(Ordering::Relaxed) + QUIET.as_nanos() as u64
     }
 }
 
@@ -296,7 +318,7 @@ impl NetPort {
     /// The application polls: drains the sockets, and tells the helper
     /// thread to leave them alone for a while.
     pub fn poll_for_app(&self) {
-        self.handover.app_polled.store(epoch_ns(), Ordering::Relaxed);
+        self.handover.polled();
         self.poll(false);
     }
 
