@@ -15,7 +15,7 @@
 use crate::counters::{Counter, StageTimer};
 use crate::handles::{Handle, Kind};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{busy_poll, idle_poll, spin_window, waited, Deadline};
+use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode};
 use crate::{provider, Vi};
 use parking_lot::Mutex;
@@ -171,23 +171,9 @@ impl Cq {
             CqMode::Entries => self.pop_entry(),
             CqMode::Scan => self.scan(),
         };
-        // The network is read only when no completion is there already.
-        let mut found = find();
-        if found.is_none() && self.nic.has_port() {
-            self.nic.poll_net();
-            found = find();
-        }
+        let found = done_first(self.nic.has_port(), || self.nic.poll_net(), find);
         timer.stop(&self.nic.counters, Counter::CqDoneNs, Some(Counter::CqDoneCalls));
-        match found {
-            Some(e) => {
-                busy_poll();
-                Ok(e)
-            }
-            None => {
-                idle_poll();
-                Err(ViaError::NotDone)
-            }
-        }
+        poll_answer(found)
     }
 
     /// CQ1: the next entry of the inbox that names a queue of this CQ.

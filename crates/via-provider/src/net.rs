@@ -19,7 +19,7 @@
 
 use crate::counters::{Counter, Counters};
 use crate::nic::Nic;
-use crate::peer_socket::{bind_port, PeerSocket};
+use crate::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::tuning::tuning;
 use crate::Vi;
 use parking_lot::{Mutex, RwLock};
@@ -109,11 +109,12 @@ pub struct NetPort {
 /// read them while the application neither polls nor sleeps in a wait.
 pub(crate) const QUIET: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// The hand-over of a port's socket between the application and the helper
-/// thread.  The helper thread's epoll reports the socket once (one-shot) and
-/// is armed again only when the helper thread takes over, so a datagram
-/// that arrives while the application polls wakes no other thread: the
-/// poll that is running reads it.
+/// The hand-over of a port's sockets between the application and the
+/// helper thread.  The helper thread's epoll reports them once (one-shot),
+/// then they leave its epoll set and return only when the helper thread
+/// takes over, so a datagram that arrives while the application polls
+/// wakes no other thread and calls into no epoll: the poll that is running
+/// reads it.
 #[derive(Default)]
 pub(crate) struct Handover {
     /// Polls by the application so far: a count, not a clock, so that a
@@ -202,7 +203,7 @@ impl NetPort {
         // Segmentation offload: sends of several packets in one buffer, and
         // datagrams that arrive coalesced (UDP_GRO).
         let offload = gso_setting() && kernel_has_gso(&socket);
-        let gro = offload && set_int_option(&socket, libc::SOL_UDP, UDP_GRO, 1);
+        let gro = offload && set_option(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let segment = segment_size(nic.device.mtu as usize);
         // Coalesced datagrams need buffers of the largest one; without
         // coalescing a buffer one byte longer than a packet tells a longer
@@ -281,8 +282,8 @@ impl NetPort {
         }
         let opened = PeerSocket::connect(local, to).and_then(|s| {
             grow_buffers(s.socket());
-            if self.gro && !set_int_option(s.socket(), libc::SOL_UDP, UDP_GRO, 1) {
-                return Err(std::io::Error::last_os_error());
+            if self.gro {
+                set_option(s.socket(), libc::SOL_UDP, UDP_GRO, 1)?;
             }
             Ok(s)
         });
@@ -957,23 +958,9 @@ fn grow_buffers(socket: &UdpSocket) {
     let bytes = 16 << 20;
     for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
         // The forced variant needs CAP_NET_ADMIN; otherwise take what the limit allows.
-        if !set_int_option(socket, libc::SOL_SOCKET, force, bytes) {
-            set_int_option(socket, libc::SOL_SOCKET, plain, bytes);
+        if set_option(socket, libc::SOL_SOCKET, force, bytes).is_err() {
+            let _ = set_option(socket, libc::SOL_SOCKET, plain, bytes);
         }
-    }
-}
-
-/// Sets an integer socket option; whether the kernel took it.
-fn set_int_option(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> bool {
-    // SAFETY: setsockopt with an int option on our socket.
-    unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
     }
 }
 
@@ -1320,7 +1307,7 @@ mod tests {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_nonblocking(true).unwrap();
-        let gro = set_int_option(&rx, libc::SOL_UDP, UDP_GRO, 1);
+        let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let mut batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
         let packets: Vec<(Vec<u8>, usize)> = (0..30u8)
             .map(|i| {

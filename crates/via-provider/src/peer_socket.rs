@@ -85,7 +85,13 @@ fn bind_shared(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(socket)
 }
 
-fn set_option(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
+/// Sets an integer socket option.
+pub(crate) fn set_option(
+    socket: &UdpSocket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
     // SAFETY: setsockopt with an int option on our socket.
     let r = unsafe {
         libc::setsockopt(

@@ -148,6 +148,37 @@ pub fn idle_poll() {
     });
 }
 
+/// What `take` finds (a completion); if nothing, what it finds after
+/// `read_network` when `network` (the NIC has a port): a completion already
+/// there costs no system call.
+pub(crate) fn done_first<T>(
+    network: bool,
+    read_network: impl FnOnce(),
+    mut take: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let got = take();
+    if got.is_some() || !network {
+        return got;
+    }
+    read_network();
+    take()
+}
+
+/// The answer of a `Done` call to what its poll found, with the spin
+/// bookkeeping of a busy or an idle poll.
+pub(crate) fn poll_answer<T>(got: Option<T>) -> via_core::error::ViaResult<T> {
+    match got {
+        Some(x) => {
+            busy_poll();
+            Ok(x)
+        }
+        None => {
+            idle_poll();
+            Err(via_core::error::ViaError::NotDone)
+        }
+    }
+}
+
 /// A poll found something: the next empty poll starts a new streak.
 pub fn busy_poll() {
     if ONE_CPU.load(Ordering::Relaxed) {

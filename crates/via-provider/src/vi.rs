@@ -15,7 +15,7 @@ use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::Handle;
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{busy_poll, idle_poll, spin_window, waited, Deadline};
+use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::{progress, provider};
 use parking_lot::{Mutex, MutexGuard};
@@ -706,23 +706,7 @@ impl Vi {
     /// `VipRecvDone`.
     pub fn recv_done(&self) -> ViaResult<DescPtr> {
         doorbell::progress(&self.nic);
-        // A completion already there is returned without reading the
-        // network: that system call is for when there is nothing.
-        let mut got = self.take_received();
-        if got.is_none() && self.nic.has_port() {
-            self.poll_net();
-            got = self.take_received();
-        }
-        match got {
-            Some(d) => {
-                busy_poll();
-                Ok(d)
-            }
-            None => {
-                idle_poll();
-                Err(ViaError::NotDone)
-            }
-        }
+        poll_answer(done_first(self.nic.has_port(), || self.poll_net(), || self.take_received()))
     }
 
     /// The first completed receive, after moving in what the shared-memory
@@ -861,22 +845,7 @@ impl Vi {
     /// `VipSendDone`.
     pub fn send_done(&self) -> ViaResult<DescPtr> {
         doorbell::progress(&self.nic);
-        // As in `recv_done`: the network is read only when nothing is done.
-        let mut got = self.take_sent();
-        if got.is_none() && self.nic.has_port() {
-            self.poll_net();
-            got = self.take_sent();
-        }
-        match got {
-            Some(d) => {
-                busy_poll();
-                Ok(d)
-            }
-            None => {
-                idle_poll();
-                Err(ViaError::NotDone)
-            }
-        }
+        poll_answer(done_first(self.nic.has_port(), || self.poll_net(), || self.take_sent()))
     }
 
     /// The first completed send.
