@@ -16,6 +16,7 @@ pub mod handles;
 pub mod names;
 pub mod net;
 mod net_path;
+mod net_send;
 pub mod nic;
 mod peer_socket;
 pub mod progress;

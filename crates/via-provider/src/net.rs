@@ -18,11 +18,13 @@
 //! own.  `VIA_GSO=0` turns both off.
 
 use crate::counters::{Counter, Counters};
+use crate::net_send::{send_groups, OutPacket, GSO_MAX_SEGMENTS, UDP_SEGMENT};
 use crate::nic::Nic;
 use crate::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::tuning::tuning;
 use crate::Vi;
 use parking_lot::{Mutex, RwLock};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
@@ -30,19 +32,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
-use via_reliable::{Config, Event, Session, Transmit};
+use via_reliable::{BreakReason, Config, Event, Segment, Session};
 use via_wire::{Header, Packet, HEADER_LEN};
 
 /// Largest UDP payload.
-const MAX_DATAGRAM: usize = 65507;
+pub(crate) const MAX_DATAGRAM: usize = 65507;
 
-/// `UDP_SEGMENT` (linux/udp.h): the segment size of a GSO send.
-const UDP_SEGMENT: libc::c_int = 103;
 /// `UDP_GRO` (linux/udp.h): receive coalesced datagrams, with their segment size.
 const UDP_GRO: libc::c_int = 104;
-/// Most segments the kernel takes in one GSO send (`UDP_MAX_SEGMENTS` of
-/// older kernels; newer ones take 128).
-const GSO_MAX_SEGMENTS: usize = 64;
 /// Receive buffer of a socket with `UDP_GRO`: the largest coalesced datagram.
 const GRO_BUFFER: usize = 65536;
 /// Bytes of the IPv4 and UDP headers; IPv6 has 20 more.
@@ -475,7 +472,7 @@ impl NetPort {
     /// port's socket connected to `to`) if there is one, with as few system
     /// calls as possible: one `sendmmsg`, whose messages each carry a run of
     /// equal-size packets as one GSO buffer where the port may use GSO.
-    fn send_all(&self, to: SocketAddr, connected: Option<&PeerSocket>, packets: &[(Vec<u8>, usize)]) {
+    fn send_all(&self, to: SocketAddr, connected: Option<&PeerSocket>, packets: &[OutPacket]) {
         let (to, headers) = self.destination(to);
         let addr = socket_addr(to);
         let (fd, addr) = match connected {
@@ -501,7 +498,7 @@ impl NetPort {
         &self,
         fd: RawFd,
         addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>,
-        packets: &[(Vec<u8>, usize)],
+        packets: &[OutPacket],
         max_segment: usize,
     ) -> (usize, Option<usize>) {
         let out = send_groups(fd, addr, packets, max_segment);
@@ -542,85 +539,6 @@ fn epoll_ctl(epoll: RawFd, op: libc::c_int, fd: RawFd, token: u64) {
     unsafe { libc::epoll_ctl(epoll, op, fd, &mut ev) };
 }
 
-/// What [`send_groups`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Sent {
-    /// Packets handed to the kernel.
-    packets: usize,
-    /// Of which GSO buffers (of more than one packet).
-    gso_buffers: usize,
-    /// The kernel refused the GSO buffer starting at this packet (and it
-    /// and the rest were not sent).
-    refused: Option<usize>,
-}
-
-/// Sends `packets` to `addr` (`None`: the peer `fd` is connected to) on
-/// `fd` with `sendmmsg`, runs of them as GSO buffers of segments up to
-/// `max_segment` bytes (0: no GSO).  A full socket buffer drops the rest
-/// (the session retransmits).
-fn send_groups(
-    fd: RawFd,
-    addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>,
-    packets: &[(Vec<u8>, usize)],
-    max_segment: usize,
-) -> Sent {
-    if let [(buf, len)] = packets {
-        return send_one(fd, addr, &buf[..*len]);
-    }
-    let groups = gso_groups(packets.iter().map(|p| p.1), max_segment);
-    let mut iov: Vec<libc::iovec> = packets
-        .iter()
-        .map(|(b, len)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: *len })
-        .collect();
-    let mut control: Vec<[u64; 3]> = vec![[0; 3]; groups.len()];
-    let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(groups.len());
-    for (g, ctrl) in groups.iter().zip(control.iter_mut()) {
-        // SAFETY: a zeroed msghdr is valid; fields set below.
-        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-        if let Some((name, len)) = addr {
-            h.msg_name = name as *const libc::sockaddr_storage as *mut libc::c_void;
-            h.msg_namelen = *len;
-        }
-        h.msg_iov = iov[g.start..].as_mut_ptr();
-        h.msg_iovlen = g.count;
-        if g.count > 1 {
-            set_segment_cmsg(&mut h, ctrl, g.segment as u16);
-        }
-        msgs.push(libc::mmsghdr { msg_hdr: h, msg_len: 0 });
-    }
-    let mut done = 0;
-    let mut refused = None;
-    while done < msgs.len() {
-        let rest = &mut msgs[done..];
-        // SAFETY: every header points at live buffers, iovecs, control
-        // data and the address above.
-        let r = unsafe { libc::sendmmsg(fd, rest.as_mut_ptr(), rest.len() as u32, 0) };
-        if r > 0 {
-            done += r as usize;
-            continue;
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        // EIO: the device cannot checksum a GSO buffer; EINVAL, EMSGSIZE:
-        // a limit of this kernel or route; ENOPROTOOPT, EOPNOTSUPP: no GSO.
-        let gso_error = matches!(
-            err.raw_os_error(),
-            Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
-        );
-        if groups[done].count > 1 && gso_error {
-            refused = Some(groups[done].start);
-        }
-        break;
-    }
-    Sent {
-        packets: groups[..done].iter().map(|g| g.count).sum(),
-        gso_buffers: groups[..done].iter().filter(|g| g.count > 1).count(),
-        refused,
-    }
-}
-
 /// What [`NetPort::offload`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Offload {
@@ -632,76 +550,6 @@ pub struct Offload {
     pub gso_buffers: u64,
     /// Coalesced datagrams received (each of more than one packet).
     pub gro_buffers: u64,
-}
-
-/// A run of packets that leaves as one message: `count` packets from
-/// `start`, every one `segment` bytes but the last, which may be shorter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Group {
-    start: usize,
-    count: usize,
-    segment: usize,
-}
-
-/// Cuts packets of lengths `lens` into GSO runs: consecutive packets of the
-/// first one's length (at most `max_segment` bytes, at most
-/// `GSO_MAX_SEGMENTS` of them, at most a UDP datagram in all), closed by
-/// a shorter packet.  With `max_segment` 0, every packet is a run of its own.
-fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Group> {
-    let mut groups: Vec<Group> = Vec::new();
-    let mut total = 0;
-    for (i, len) in lens.enumerate() {
-        if let Some(g) = groups.last_mut() {
-            let open = g.segment <= max_segment
-                && g.count < GSO_MAX_SEGMENTS
-                && len <= g.segment
-                && total + len <= MAX_DATAGRAM
-                && (g.count == 1 || total == g.count * g.segment);
-            if open {
-                g.count += 1;
-                total += len;
-                continue;
-            }
-        }
-        groups.push(Group { start: i, count: 1, segment: len });
-        total = len;
-    }
-    groups
-}
-
-/// Sends one packet, without building a batch: the path of small
-/// messages and acknowledgements.
-fn send_one(fd: RawFd, addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>, packet: &[u8]) -> Sent {
-    let (name, len) = match addr {
-        Some((name, len)) => (name as *const libc::sockaddr_storage as *const libc::sockaddr, *len),
-        None => (std::ptr::null(), 0),
-    };
-    loop {
-        // SAFETY: the packet and the address (if any) are live for the call.
-        let r = unsafe { libc::sendto(fd, packet.as_ptr() as *const libc::c_void, packet.len(), 0, name, len) };
-        if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        return Sent { packets: (r >= 0) as usize, gso_buffers: 0, refused: None };
-    }
-}
-
-/// Puts a `UDP_SEGMENT` control message with `segment` into `h`, in `buf`.
-fn set_segment_cmsg(h: &mut libc::msghdr, buf: &mut [u64; 3], segment: u16) {
-    // SAFETY: CMSG_SPACE of a u16 is 24 bytes on 64-bit Linux (and less
-    // on 32-bit), which `buf` holds, suitably aligned; the header and data
-    // are written inside it.
-    unsafe {
-        let space = libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) as usize;
-        debug_assert!(space <= std::mem::size_of_val(buf));
-        h.msg_control = buf.as_mut_ptr() as *mut libc::c_void;
-        h.msg_controllen = space as _;
-        let c = libc::CMSG_FIRSTHDR(h);
-        (*c).cmsg_level = libc::SOL_UDP;
-        (*c).cmsg_type = UDP_SEGMENT;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segment);
-    }
 }
 
 /// Receive buffers for `recvmmsg`, with their headers built once: an
@@ -1008,8 +856,8 @@ pub(crate) struct NetState {
     pub session: Session,
     pub outbound: HashMap<u64, Gather>,
     next_token: u64,
-    /// Packets built for one `sendmmsg`, with their lengths.
-    out: Vec<(Vec<u8>, usize)>,
+    /// Packets built for one `sendmmsg`.
+    out: Vec<OutPacket>,
     /// The session's counters when last added to the NIC's.
     seen: via_reliable::Stats,
 }
@@ -1050,9 +898,9 @@ impl NetState {
 
     /// Sends everything the session has to send on `link` (whose state
     /// this is), and collects its events.
-    pub fn flush(&mut self, link: &NetLink, events: &mut Vec<Event>) {
+    pub fn flush(&mut self, link: &NetLink, events: &mut Vec<NetEvent<'_>>) {
         let port = &*link.port;
-        let send = |packets: &[(Vec<u8>, usize)]| port.send_all(link.peer, link.connected.as_deref(), packets);
+        let send = |packets: &[OutPacket]| port.send_all(link.peer, link.connected.as_deref(), packets);
         let now = Instant::now();
         let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
         // With GSO each GSO buffer goes as soon as it is full, so the peer
@@ -1065,10 +913,10 @@ impl NetState {
         let mut n = 0;
         while let Some(t) = self.session.poll_transmit(now) {
             if n == self.out.len() {
-                self.out.push((vec![0u8; size], 0));
+                self.out.push(OutPacket::new(size));
             }
-            let len = build(&self.outbound, &t, &mut self.out[n].0);
-            self.out[n].1 = len;
+            let gather = t.payload.and_then(|p| self.outbound.get(&p.token));
+            self.out[n].build(&t, gather);
             n += 1;
             if n == batch {
                 send(&self.out[..n]);
@@ -1083,55 +931,38 @@ impl NetState {
         port.counters.add(Counter::Duplicates, stats.duplicates - self.seen.duplicates);
         port.counters.add(Counter::BadKey, stats.bad_key - self.seen.bad_key);
         self.seen = stats;
+        self.take_events(events);
+    }
+
+    /// Moves the session's queued events to `events`, forgetting the
+    /// buffers of messages that are sent.
+    pub fn take_events(&mut self, events: &mut Vec<NetEvent<'_>>) {
         while let Some(e) = self.session.poll_event() {
-            if let Event::Sent { token } = e {
-                self.outbound.remove(&token);
-            }
-            events.push(e);
+            events.push(match e {
+                Event::Segment { kind, msg, offset, total, imm, first, last, data } => {
+                    NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last }, Cow::Owned(data))
+                }
+                Event::Sent { token } => {
+                    self.outbound.remove(&token);
+                    NetEvent::Sent { token }
+                }
+                Event::Broken(reason) => NetEvent::Broken(reason),
+            });
         }
     }
+}
+
+/// A session event for the work queues.  A segment delivered in place
+/// borrows its bytes from the received datagram.
+#[derive(Debug)]
+pub(crate) enum NetEvent<'a> {
+    Segment(Segment, Cow<'a, [u8]>),
+    Sent { token: u64 },
+    Broken(BreakReason),
 }
 
 /// Packets sent per system call without GSO.
 const SEND_BATCH: usize = 32;
-
-/// Builds one packet into `buf`: header, payload gathered from the
-/// message's buffers, checksum.  Returns its length.
-fn build(outbound: &HashMap<u64, Gather>, t: &Transmit, buf: &mut [u8]) -> usize {
-    let plen = t.payload.map_or(0, |p| p.len as usize).min(buf.len() - HEADER_LEN);
-    t.header.emit(buf, plen);
-    if let Some(p) = t.payload {
-        let out = &mut buf[HEADER_LEN..HEADER_LEN + plen];
-        match outbound.get(&p.token) {
-            Some(gather) => gather_bytes(gather, p.offset as u64, out),
-            None => out.fill(0),
-        }
-    }
-    via_wire::finish(&mut buf[..HEADER_LEN + plen]);
-    HEADER_LEN + plen
-}
-
-/// Copies bytes `offset..offset + out.len()` of the buffers `gather` into `out`.
-fn gather_bytes(gather: &Gather, mut offset: u64, out: &mut [u8]) {
-    let mut filled = 0;
-    for &(addr, len) in gather {
-        let len = len as u64;
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = ((len - offset) as usize).min(out.len() - filled);
-        // SAFETY: the buffers were validated against the registry when posted
-        // and stay registered until the descriptor completes.
-        unsafe { std::ptr::copy_nonoverlapping((addr + offset) as *const u8, out[filled..].as_mut_ptr(), n) };
-        filled += n;
-        offset = 0;
-        if filled == out.len() {
-            return;
-        }
-    }
-    out[filled..].fill(0);
-}
 
 /// Copies `data` into the buffers `segs` starting at byte `offset`.
 /// Returns false if it does not fit.
@@ -1185,43 +1016,13 @@ mod tests {
     use via_core::descriptor::LocalSeg;
 
     #[test]
-    fn gather_and_scatter_cross_segment_boundaries() {
-        let a = *b"hello ";
-        let b = *b"world";
-        let gather = vec![(a.as_ptr() as u64, 6), (b.as_ptr() as u64, 5)];
-        let mut out = [0u8; 7];
-        gather_bytes(&gather, 3, &mut out);
-        assert_eq!(&out, b"lo worl");
+    fn scatter_crosses_segment_boundaries() {
         let mut x = [0u8; 4];
         let mut y = [0u8; 4];
         let segs = [LocalSeg { addr: x.as_mut_ptr() as u64, len: 4 }, LocalSeg { addr: y.as_mut_ptr() as u64, len: 4 }];
         assert!(scatter(&segs, 2, b"abcd"));
         assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
         assert!(!scatter(&segs, 6, b"abc"));
-    }
-
-    fn groups(lens: &[usize], max_segment: usize) -> Vec<(usize, usize, usize)> {
-        gso_groups(lens.iter().copied(), max_segment).iter().map(|g| (g.start, g.count, g.segment)).collect()
-    }
-
-    #[test]
-    fn gso_groups_cut_at_limits_and_shorter_packets() {
-        // Full packets of an MTU of 1500: 45 fit a UDP datagram.
-        let full = vec![1452; 100];
-        assert_eq!(groups(&full, 1472), vec![(0, 45, 1452), (45, 45, 1452), (90, 10, 1452)]);
-        // Small packets: at most GSO_MAX_SEGMENTS per buffer.
-        assert_eq!(groups(&[200; 70], 1472), vec![(0, 64, 200), (64, 6, 200)]);
-        // A shorter packet ends its run; a longer one starts a new one.
-        assert_eq!(groups(&[1000, 1000, 500, 1000, 80, 1000], 1472), vec![(0, 3, 1000), (3, 2, 1000), (5, 1, 1000)]);
-        assert_eq!(groups(&[80, 1000, 1000], 1472), vec![(0, 1, 80), (1, 2, 1000)]);
-        // Without GSO, or with segments over the MTU, every packet alone.
-        assert_eq!(groups(&[1000, 1000], 0), vec![(0, 1, 1000), (1, 1, 1000)]);
-        assert_eq!(groups(&[1500, 1500], 1472), vec![(0, 1, 1500), (1, 1, 1500)]);
-        assert_eq!(groups(&[], 1472), vec![]);
-        // Every buffer fits a UDP datagram.
-        for g in gso_groups([9000; 20].into_iter(), 8972) {
-            assert!(g.count * g.segment <= MAX_DATAGRAM || g.count == 1);
-        }
     }
 
     #[test]
@@ -1309,12 +1110,8 @@ mod tests {
         rx.set_nonblocking(true).unwrap();
         let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let mut batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
-        let packets: Vec<(Vec<u8>, usize)> = (0..30u8)
-            .map(|i| {
-                let len = if i == 29 { 333 } else { 1000 };
-                (vec![i; len], len)
-            })
-            .collect();
+        let datagrams: Vec<Vec<u8>> = (0..30u8).map(|i| vec![i; if i == 29 { 333 } else { 1000 }]).collect();
+        let packets: Vec<OutPacket> = datagrams.iter().map(|d| OutPacket::copied(d)).collect();
         let addr = socket_addr(rx.local_addr().unwrap());
         let max_segment = if kernel_has_gso(&tx) { 1472 } else { 0 };
         let sent = send_groups(tx.as_raw_fd(), Some(&addr), &packets, max_segment);
@@ -1333,14 +1130,13 @@ mod tests {
                 got.extend(batch.datagrams(n).map(|d| d.to_vec()));
             }
         }
-        let want: Vec<Vec<u8>> = packets.iter().map(|(b, _)| b.clone()).collect();
-        assert_eq!(got, want);
+        assert_eq!(got, datagrams);
         // Loopback hands a GSO buffer to a socket with UDP_GRO whole.
         if gro && max_segment > 0 {
             assert_eq!(coalesced, 1);
         }
         // A single packet goes on its own.
-        let one = vec![(vec![7u8; 80], 80)];
+        let one = [OutPacket::copied(&[7u8; 80])];
         assert_eq!(send_groups(tx.as_raw_fd(), Some(&addr), &one, max_segment).packets, 1);
         let mut got = Vec::new();
         while got.is_empty() && Instant::now() < deadline {

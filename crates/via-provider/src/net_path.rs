@@ -3,7 +3,7 @@
 //! complete descriptors, place received bytes and answer RDMA requests.
 
 use crate::counters::{Counter, StageTimer};
-use crate::net::{scatter, Gather, NetLink};
+use crate::net::{scatter, Gather, NetEvent, NetLink};
 use crate::nic::error_code;
 use crate::progress;
 use crate::vi::{reliable, Break, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use via_core::consts::*;
 use via_core::descriptor::{validate, DescPtr, Op, Rules};
 use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
-use via_reliable::{BreakReason, Event, MsgKind, OutMessage, SendError};
+use via_reliable::{BreakReason, MsgKind, OutMessage, Segment, SendError};
 
 /// What applying events asks of the session afterwards.
 /// How long an unreliable RDMA write waits for its answer once sent.
@@ -53,7 +53,7 @@ impl Vi {
         mem: u32,
         rules: &Rules,
         attrs: &ViAttrs,
-    ) -> Vec<Event> {
+    ) -> Vec<NetEvent<'static>> {
         let mut events = Vec::new();
         let mut st = link.state.lock();
         let timer = StageTimer::start();
@@ -127,8 +127,13 @@ impl Vi {
         {
             let mut st = link.state.lock();
             let now = std::time::Instant::now();
-            for (header, payload) in packets {
-                st.session.handle_packet(now, header, payload);
+            for &(ref header, payload) in packets {
+                // In order: placed straight from the datagram.  A packet can
+                // also release segments held for reordering; they follow it.
+                if let Some(segment) = st.session.handle_packet_in_place(now, header, payload) {
+                    events.push(NetEvent::Segment(segment, payload.into()));
+                }
+                st.take_events(&mut events);
             }
             st.flush(&link, &mut events);
         }
@@ -182,7 +187,7 @@ impl Vi {
     }
 
     /// Applies a session's events to the work queues.
-    pub(crate) fn apply_net(&self, link: &Arc<NetLink>, events: Vec<Event>) {
+    pub(crate) fn apply_net(&self, link: &Arc<NetLink>, events: Vec<NetEvent<'_>>) {
         let (rules, attrs) = self.rules();
         let reliable = reliable(attrs.reliability);
         let mut f = Followup::default();
@@ -195,7 +200,7 @@ impl Vi {
             for event in events {
                 tracing::trace!(vi = self.handle, ?event, "session event");
                 match event {
-                    Event::Sent { token } => {
+                    NetEvent::Sent { token } => {
                         if let Some(item) = s.items.iter_mut().find(|i| !i.done && i.token == token) {
                             if item.read.is_none() {
                                 item.desc.complete(item.op, item.length, None);
@@ -207,7 +212,7 @@ impl Vi {
                             }
                         }
                     }
-                    Event::Segment { kind, msg, offset, total, imm, first, last, data } => match kind {
+                    NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last }, data) => match kind {
                         MsgKind::Send => {
                             let timer = StageTimer::start();
                             self.place(&mut r, msg, offset, total, imm, first, last, &data, reliable, &mut f);
@@ -304,7 +309,7 @@ impl Vi {
                             }
                         }
                     },
-                    Event::Broken(reason) => {
+                    NetEvent::Broken(reason) => {
                         f.lost = Some(match reason {
                             BreakReason::PeerBreak(code) if code <= error_code::CATASTROPHIC => code,
                             _ => error_code::CONN_LOST,

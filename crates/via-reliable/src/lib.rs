@@ -12,7 +12,10 @@
 //! The session never touches message bytes it sends: a [`Transmit`] names
 //! them with a [`PayloadRef`] and the I/O layer gathers them from its own
 //! (registered) buffers, straight after the header.  Received payload is
-//! handed back in [`Event::Segment`].
+//! handed back in [`Event::Segment`], or, with
+//! [`Session::handle_packet_in_place`], the session says where the payload
+//! of an in-order packet belongs and the caller places it from its own
+//! receive buffer, without a copy.
 //!
 //! `docs/wire.md` describes the protocol on the wire.
 
@@ -199,6 +202,54 @@ pub enum Event {
     },
     /// The connection is over; the session sends and accepts nothing more.
     Broken(BreakReason),
+}
+
+/// A received segment without its bytes: what [`Event::Segment`] says
+/// about them.  [`Session::handle_packet_in_place`] returns one for a packet
+/// whose payload is delivered as it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// What the message is.
+    pub kind: MsgKind,
+    /// The sender's message number.
+    pub msg: u32,
+    /// Offset of the bytes within the message.
+    pub offset: u32,
+    /// Message length in bytes (0 for an RDMA read request).
+    pub total: u32,
+    /// Immediate data, if the message has some.
+    pub imm: Option<u32>,
+    /// The message's first segment.
+    pub first: bool,
+    /// The message's last segment: the message is complete.
+    pub last: bool,
+}
+
+impl Segment {
+    /// The segment of the packet with header `h`.
+    fn of(h: &Header) -> Segment {
+        let (kind, total) = match h.kind {
+            Kind::RdmaWrite => (MsgKind::RdmaWrite { addr: h.addr, handle: h.handle }, h.total),
+            Kind::RdmaReadReq => (MsgKind::RdmaReadRequest { addr: h.addr, handle: h.handle, len: h.total }, 0),
+            Kind::RdmaReadResp => (MsgKind::RdmaReadResponse { request: h.imm, status: h.status }, h.total),
+            _ => (MsgKind::Send, h.total),
+        };
+        Segment {
+            kind,
+            msg: h.msg,
+            offset: h.offset,
+            total,
+            imm: h.has(FLAG_IMMEDIATE).then_some(h.imm),
+            first: h.has(FLAG_FIRST),
+            last: h.has(FLAG_LAST),
+        }
+    }
+
+    /// The [`Event::Segment`] of these bytes.
+    pub fn with_data(self, data: Vec<u8>) -> Event {
+        let Segment { kind, msg, offset, total, imm, first, last } = self;
+        Event::Segment { kind, msg, offset, total, imm, first, last, data }
+    }
 }
 
 /// Why a session ended.
@@ -487,12 +538,25 @@ impl Session {
     /// parsed the header and checked the checksum; the session checks the
     /// key and both VI ids and ignores (and counts) packets that fail.
     pub fn handle_packet(&mut self, now: Instant, header: &Header, payload: &[u8]) {
+        let queued = self.events.len();
+        if let Some(segment) = self.handle_packet_in_place(now, header, payload) {
+            self.events.insert(queued, segment.with_data(payload.to_vec()));
+        }
+    }
+
+    /// [`Session::handle_packet`] without copying the payload of a packet
+    /// that is delivered as it arrived (in order, or a whole unreliable
+    /// message): the session returns where it belongs and the caller takes
+    /// the bytes from `payload`.  The returned segment comes before any
+    /// event this call queued, and after those queued before it.
+    #[must_use = "the returned segment is received data"]
+    pub fn handle_packet_in_place(&mut self, now: Instant, header: &Header, payload: &[u8]) -> Option<Segment> {
         if self.closed {
-            return;
+            return None;
         }
         if header.key != self.local.key || header.src_vi != self.remote.vi || header.dst_vi != self.local.vi {
             self.stats.bad_key += 1;
-            return;
+            return None;
         }
         self.stats.packets_received += 1;
         self.last_heard = now;
@@ -516,7 +580,7 @@ impl Session {
             Kind::Break | Kind::Disconnect => {
                 if !payload.is_empty() || !self.end_in_window(header.seq) {
                     self.stats.invalid += 1;
-                    return;
+                    return None;
                 }
                 let reason = if header.kind == Kind::Break {
                     BreakReason::PeerBreak(header.status)
@@ -528,15 +592,16 @@ impl Session {
             Kind::Data | Kind::RdmaWrite | Kind::RdmaReadReq | Kind::RdmaReadResp => {
                 if header.has(FLAG_RELIABLE) != self.config.reliable || !self.segment_ok(header, payload.len()) {
                     self.stats.invalid += 1;
-                    return;
+                    return None;
                 }
-                if self.config.reliable {
-                    self.receive_reliable(now, header, payload);
+                return if self.config.reliable {
+                    self.receive_reliable(now, header, payload)
                 } else {
-                    self.receive_unreliable(header, payload);
-                }
+                    self.receive_unreliable(header, payload)
+                };
             }
         }
+        None
     }
 
     /// The next event, if any.
@@ -955,18 +1020,19 @@ impl Session {
         last == (end == h.total as u64) && (last || len > 0)
     }
 
-    fn receive_reliable(&mut self, now: Instant, h: &Header, payload: &[u8]) {
+    /// Takes a sequenced packet; returns its segment if it is delivered now.
+    fn receive_reliable(&mut self, now: Instant, h: &Header, payload: &[u8]) -> Option<Segment> {
         let d = diff(h.seq, self.rcv_next);
         if d < 0 {
             // Already delivered: our ACK was probably lost.
             self.stats.duplicates += 1;
             self.ack_now = true;
-            return;
+            return None;
         }
         if d as u32 >= self.window {
             self.stats.out_of_window += 1;
             self.ack_now = true;
-            return;
+            return None;
         }
         if d > 0 {
             let idx = d as usize;
@@ -980,20 +1046,21 @@ impl Session {
             }
             // Out of order: tell the sender about the hole at once.
             self.ack_now = true;
-            return;
+            return None;
         }
-        if !self.deliver(h, payload.to_vec()) {
+        if !self.deliver(h, payload.len()) {
             self.stats.invalid += 1;
-            return;
+            return None;
         }
         self.advance();
         let mut filled = false;
         while let Some(Some(_)) = self.reorder.front() {
             let (bh, data) = self.reorder[0].take().expect("checked");
-            if !self.deliver(&bh, data) {
+            if !self.deliver(&bh, data.len()) {
                 self.stats.invalid += 1;
                 break;
             }
+            self.events.push_back(Segment::of(&bh).with_data(data));
             self.advance();
             filled = true;
         }
@@ -1003,6 +1070,7 @@ impl Session {
         } else if self.ack_deadline.is_none() {
             self.ack_deadline = now.checked_add(self.config.ack_delay);
         }
+        Some(Segment::of(h))
     }
 
     fn advance(&mut self) {
@@ -1010,9 +1078,10 @@ impl Session {
         self.reorder.pop_front();
     }
 
-    /// Delivers the in-order segment `h` if it continues the message being
-    /// received (or starts the next one); false if it contradicts it.
-    fn deliver(&mut self, h: &Header, data: Vec<u8>) -> bool {
+    /// Accepts the in-order segment `h` of `len` bytes if it continues the
+    /// message being received (or starts the next one); false if it
+    /// contradicts it.  The caller delivers its bytes.
+    fn deliver(&mut self, h: &Header, len: usize) -> bool {
         match self.rx {
             None => {
                 if !h.has(FLAG_FIRST) || h.msg != self.rx_next_msg {
@@ -1037,23 +1106,24 @@ impl Session {
             }
         }
         let last = h.has(FLAG_LAST);
-        let next_offset = h.offset + data.len() as u32;
+        let next_offset = h.offset + len as u32;
         self.rx = if last {
             self.rx_next_msg = h.msg.wrapping_add(1);
             None
         } else {
             Some(RxMessage { first: self.rx.map_or(*h, |r| r.first), next_offset })
         };
-        self.events.push_back(segment_event(h, h.offset, data));
         true
     }
 
-    fn receive_unreliable(&mut self, h: &Header, payload: &[u8]) {
+    /// Takes a packet of an unreliable session; returns a one-packet message
+    /// that is delivered now.
+    fn receive_unreliable(&mut self, h: &Header, payload: &[u8]) -> Option<Segment> {
         let d = diff(h.seq, self.rcv_next);
         if d < 0 {
             // Late or duplicate: never deliver anything twice.
             self.stats.duplicates += 1;
-            return;
+            return None;
         }
         self.rcv_next = h.seq.wrapping_add(1);
         if d > 0 {
@@ -1064,13 +1134,15 @@ impl Session {
             self.assembly = None;
             if diff(h.msg, self.last_delivered) <= 0 {
                 self.stats.invalid += 1;
-                return;
+                return None;
+            }
+            if h.has(FLAG_LAST) {
+                self.last_delivered = h.msg;
+                return Some(Segment::of(h));
             }
             self.assembly = Some(Assembly { first: *h, data: payload.to_vec() });
         } else {
-            let Some(a) = self.assembly.as_mut() else {
-                return;
-            };
+            let a = self.assembly.as_mut()?;
             let f = &a.first;
             let same = h.msg == f.msg
                 && h.kind == f.kind
@@ -1084,7 +1156,7 @@ impl Session {
             if !same {
                 self.assembly = None;
                 self.stats.invalid += 1;
-                return;
+                return None;
             }
             a.data.extend_from_slice(payload);
         }
@@ -1093,8 +1165,9 @@ impl Session {
             self.last_delivered = a.first.msg;
             let mut first = a.first;
             first.flags |= FLAG_LAST;
-            self.events.push_back(segment_event(&first, 0, a.data));
+            self.events.push_back(Segment { offset: 0, ..Segment::of(&first) }.with_data(a.data));
         }
+        None
     }
 
     /// Selective acknowledgement bits: bit i for seq `rcv_next + 1 + i`.
@@ -1149,25 +1222,6 @@ fn insert_order(orders: &mut [u64; 3], o: u64) {
         *orders = [orders[0], o, orders[1]];
     } else if o > orders[2] {
         orders[2] = o;
-    }
-}
-
-fn segment_event(h: &Header, offset: u32, data: Vec<u8>) -> Event {
-    let (kind, total) = match h.kind {
-        Kind::RdmaWrite => (MsgKind::RdmaWrite { addr: h.addr, handle: h.handle }, h.total),
-        Kind::RdmaReadReq => (MsgKind::RdmaReadRequest { addr: h.addr, handle: h.handle, len: h.total }, 0),
-        Kind::RdmaReadResp => (MsgKind::RdmaReadResponse { request: h.imm, status: h.status }, h.total),
-        _ => (MsgKind::Send, h.total),
-    };
-    Event::Segment {
-        kind,
-        msg: h.msg,
-        offset,
-        total,
-        imm: h.has(FLAG_IMMEDIATE).then_some(h.imm),
-        first: h.has(FLAG_FIRST),
-        last: h.has(FLAG_LAST),
-        data,
     }
 }
 

@@ -353,16 +353,25 @@ impl Sim {
                 let bytes = via_wire::encode(&t.header, &payload);
                 self.transmit(i, bytes);
             }
-            while let Some(e) = self.sessions[i].poll_event() {
-                if let Event::Sent { token } = e {
-                    if self.payloads[i].remove(&token).is_none() {
-                        self.violations.push(format!("Sent for unknown token {token}"));
-                    }
-                }
-                let side = if i == 0 { Side::A } else { Side::B };
-                self.events.push_back((side, e));
+            self.collect_events(i);
+        }
+    }
+
+    /// Moves session `i`'s events to the log, in order.
+    fn collect_events(&mut self, i: usize) {
+        while let Some(e) = self.sessions[i].poll_event() {
+            self.log_event(i, e);
+        }
+    }
+
+    fn log_event(&mut self, i: usize, e: Event) {
+        if let Event::Sent { token } = e {
+            if self.payloads[i].remove(&token).is_none() {
+                self.violations.push(format!("Sent for unknown token {token}"));
             }
         }
+        let side = if i == 0 { Side::A } else { Side::B };
+        self.events.push_back((side, e));
     }
 
     fn transmit(&mut self, from: usize, bytes: Vec<u8>) {
@@ -433,7 +442,14 @@ impl Sim {
             }
         };
         self.net.delivered += 1;
-        self.sessions[f.to].handle_packet(self.now, &header, packet.payload());
+        // The in-place path, as the provider uses it: the returned segment
+        // comes after the events already queued and before this call's.
+        self.collect_events(f.to);
+        let payload = packet.payload();
+        if let Some(segment) = self.sessions[f.to].handle_packet_in_place(self.now, &header, payload) {
+            self.log_event(f.to, segment.with_data(payload.to_vec()));
+        }
+        self.collect_events(f.to);
     }
 }
 

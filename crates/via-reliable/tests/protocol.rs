@@ -47,10 +47,8 @@ fn events(s: &mut Session) -> Vec<Event> {
 
 /// Encodes the packet as the I/O layer would and hands it to `to`.
 fn deliver(to: &mut Session, now: Instant, t: &Transmit) {
-    let bytes = via_wire::encode(&t.header, &gather(t.payload));
-    let p = Packet::new_checked(&bytes[..]).expect("valid packet");
-    let h = Header::parse(&p).expect("valid header");
-    to.handle_packet(now, &h, p.payload());
+    let (h, payload) = parsed(t);
+    to.handle_packet(now, &h, &payload);
 }
 
 fn data_packets(ts: &[Transmit]) -> Vec<Transmit> {
@@ -606,4 +604,67 @@ fn sizes_and_limits() {
     assert_eq!(lens, [40, 40, 20]);
     assert_eq!(p[3].header.flags, FLAG_LAST | FLAG_RELIABLE);
     assert_eq!(a.queued_messages(), 2);
+}
+
+/// Parses an encoded packet as the I/O layer would.
+fn parsed(t: &Transmit) -> (Header, Vec<u8>) {
+    let bytes = via_wire::encode(&t.header, &gather(t.payload));
+    let p = Packet::new_checked(&bytes[..]).expect("valid packet");
+    (Header::parse(&p).expect("valid header"), p.payload().to_vec())
+}
+
+#[test]
+fn in_place_delivery_returns_in_order_segments_before_released_ones() {
+    let t0 = Instant::now();
+    let config = Config { max_payload: 4, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    a.send(msg(7, 12)).unwrap();
+    let packets: Vec<(Header, Vec<u8>)> = data_packets(&drain(&mut a, t0)).iter().map(parsed).collect();
+    assert_eq!(packets.len(), 3);
+
+    // The third segment arrives first: held, nothing to place.
+    let (h3, p3) = &packets[2];
+    assert_eq!(b.handle_packet_in_place(t0, h3, p3), None);
+    assert!(events(&mut b).is_empty());
+
+    // The first is placed in place; the second is still missing.
+    let (h1, p1) = &packets[0];
+    let s1 = b.handle_packet_in_place(t0, h1, p1).expect("in order");
+    assert_eq!((s1.msg, s1.offset, s1.total, s1.first, s1.last), (1, 0, 12, true, false));
+    assert!(events(&mut b).is_empty());
+
+    // The second is returned for placement, and releases the third as an event after it.
+    let (h2, p2) = &packets[1];
+    let s2 = b.handle_packet_in_place(t0, h2, p2).expect("in order");
+    assert_eq!((s2.offset, s2.first, s2.last), (4, false, false));
+    match events(&mut b).as_slice() {
+        [Event::Segment { offset: 8, last: true, data, .. }] => assert_eq!(data, p3),
+        other => panic!("expected the held third segment, got {other:?}"),
+    }
+
+    // A duplicate of a placed segment is not returned again.
+    assert_eq!(b.handle_packet_in_place(t0, h1, p1), None);
+    assert_eq!(b.stats().duplicates, 1);
+
+    // handle_packet queues the same segment as an event with its bytes.
+    let (mut c, mut d) = pair(Config::default(), t0);
+    c.send(msg(9, 5)).unwrap();
+    let (h, p) = parsed(&data_packets(&drain(&mut c, t0))[0]);
+    d.handle_packet(t0, &h, &p);
+    match events(&mut d).as_slice() {
+        [Event::Segment { offset: 0, total: 5, first: true, last: true, data, .. }] => assert_eq!(data, &p),
+        other => panic!("expected one whole segment, got {other:?}"),
+    }
+}
+
+#[test]
+fn unreliable_one_packet_messages_are_placed_in_place_once() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(Config { reliable: false, ..Config::default() }, t0);
+    a.send(msg(3, 6)).unwrap();
+    let (h, p) = parsed(&data_packets(&drain(&mut a, t0))[0]);
+    let s = b.handle_packet_in_place(t0, &h, &p).expect("a whole message");
+    assert_eq!((s.offset, s.total, s.first, s.last), (0, 6, true, true));
+    assert_eq!(b.handle_packet_in_place(t0, &h, &p), None, "never twice");
+    assert!(events(&mut b).is_empty());
 }
