@@ -25,7 +25,7 @@ use crate::tuning::tuning;
 use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -854,8 +854,7 @@ pub struct NetLink {
 
 pub(crate) struct NetState {
     pub session: Session,
-    pub outbound: HashMap<u64, Gather>,
-    next_token: u64,
+    pub outbound: Outbound,
     /// Packets built for one `sendmmsg`.
     out: Vec<OutPacket>,
     /// The session's counters when last added to the NIC's.
@@ -878,8 +877,7 @@ impl NetLink {
             local_vi: local.vi,
             state: Mutex::new(NetState {
                 session: Session::new(config, local, remote, Instant::now()),
-                outbound: HashMap::new(),
-                next_token: 1,
+                outbound: Outbound::default(),
                 out: Vec::new(),
                 seen: Default::default(),
             }),
@@ -890,18 +888,19 @@ impl NetLink {
 impl NetState {
     /// A token for a message whose bytes come from `gather`.
     pub fn remember(&mut self, gather: Gather) -> u64 {
-        let token = self.next_token;
-        self.next_token += 1;
-        self.outbound.insert(token, gather);
-        token
+        self.outbound.insert(gather)
     }
 
     /// Sends everything the session has to send on `link` (whose state
     /// this is), and collects its events.
     pub fn flush(&mut self, link: &NetLink, events: &mut Vec<NetEvent<'_>>) {
+        self.flush_at(link, Instant::now(), events);
+    }
+
+    /// [`NetState::flush`] at `now`, for a caller that has just read the clock.
+    pub fn flush_at(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>) {
         let port = &*link.port;
         let send = |packets: &[OutPacket]| port.send_all(link.peer, link.connected.as_deref(), packets);
-        let now = Instant::now();
         let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
         // With GSO each GSO buffer goes as soon as it is full, so the peer
         // starts on it while the next is built; without, a batch of datagrams.
@@ -915,7 +914,7 @@ impl NetState {
             if n == self.out.len() {
                 self.out.push(OutPacket::new(size));
             }
-            let gather = t.payload.and_then(|p| self.outbound.get(&p.token));
+            let gather = t.payload.and_then(|p| self.outbound.get(p.token));
             self.out[n].build(&t, gather);
             n += 1;
             if n == batch {
@@ -943,11 +942,52 @@ impl NetState {
                     NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last }, Cow::Owned(data))
                 }
                 Event::Sent { token } => {
-                    self.outbound.remove(&token);
+                    self.outbound.remove(token);
                     NetEvent::Sent { token }
                 }
                 Event::Broken(reason) => NetEvent::Broken(reason),
             });
+        }
+    }
+}
+
+/// The buffers of the messages a session is sending, by token.  Tokens
+/// are handed out in order and mostly retired in order: a deque indexed
+/// from the oldest one still held.
+pub(crate) struct Outbound {
+    /// The token of `slots[0]`; tokens start at 1 (0 means none).
+    first: u64,
+    slots: VecDeque<Option<Gather>>,
+}
+
+impl Default for Outbound {
+    fn default() -> Outbound {
+        Outbound { first: 1, slots: VecDeque::new() }
+    }
+}
+
+impl Outbound {
+    /// Keeps `gather`; returns its token.
+    pub fn insert(&mut self, gather: Gather) -> u64 {
+        self.slots.push_back(Some(gather));
+        self.first + self.slots.len() as u64 - 1
+    }
+
+    /// The buffers of message `token`, if it is still held.
+    pub fn get(&self, token: u64) -> Option<&Gather> {
+        let i = usize::try_from(token.checked_sub(self.first)?).ok()?;
+        self.slots.get(i)?.as_ref()
+    }
+
+    /// Forgets message `token`.
+    pub fn remove(&mut self, token: u64) {
+        let Some(i) = token.checked_sub(self.first).and_then(|i| usize::try_from(i).ok()) else { return };
+        if let Some(slot) = self.slots.get_mut(i) {
+            *slot = None;
+        }
+        while let Some(None) = self.slots.front() {
+            self.slots.pop_front();
+            self.first += 1;
         }
     }
 }
@@ -1023,6 +1063,31 @@ mod tests {
         assert!(scatter(&segs, 2, b"abcd"));
         assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
         assert!(!scatter(&segs, 6, b"abc"));
+    }
+
+    #[test]
+    fn outbound_hands_out_tokens_in_order_and_retires_them_in_any_order() {
+        let mut o = Outbound::default();
+        let tokens: Vec<u64> = (0..4u64).map(|i| o.insert(vec![(i, 1)])).collect();
+        assert_eq!(tokens, vec![1, 2, 3, 4]);
+        assert_eq!(o.get(3), Some(&vec![(2, 1)]));
+        assert_eq!((o.get(0), o.get(5), o.get(u64::MAX)), (None, None, None));
+        // Out of order: the front stays until it goes itself.
+        o.remove(2);
+        assert_eq!((o.get(2), o.get(1).is_some()), (None, true));
+        o.remove(1);
+        assert_eq!((o.first, o.slots.len()), (3, 2));
+        // Unknown, repeated and far-off tokens change nothing.
+        for t in [0, 1, 2, 99, u64::MAX] {
+            o.remove(t);
+        }
+        assert_eq!((o.first, o.slots.len()), (3, 2));
+        assert_eq!(o.insert(Vec::new()), 5);
+        o.remove(3);
+        o.remove(4);
+        o.remove(5);
+        assert!(o.slots.is_empty());
+        assert_eq!(o.insert(Vec::new()), 6);
     }
 
     #[test]

@@ -103,7 +103,7 @@ impl Vi {
                         }
                     }
                     Err(e) => {
-                        st.outbound.remove(&token);
+                        st.outbound.remove(token);
                         let bits = if e == SendError::TooLarge { STATUS_LENGTH_ERROR } else { STATUS_TRANSPORT_ERROR };
                         desc.complete(op | bits, 0, None);
                         item.done = true;
@@ -135,7 +135,7 @@ impl Vi {
                 }
                 st.take_events(&mut events);
             }
-            st.flush(&link, &mut events);
+            st.flush_at(&link, now, &mut events);
         }
         if !events.is_empty() {
             self.apply_net(&link, events);
@@ -151,7 +151,7 @@ impl Vi {
             if st.session.poll_timeout().is_some_and(|t| t <= now) {
                 st.session.handle_timeout(now);
             }
-            st.flush(&link, &mut events);
+            st.flush_at(&link, now, &mut events);
             st.session.poll_timeout()
         };
         if !events.is_empty() {
