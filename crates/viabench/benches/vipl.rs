@@ -270,11 +270,12 @@ fn registration(c: &mut Criterion) {
     unsafe { VipCloseNic(side.nic) };
 }
 
-/// `via_wire::crc32c` over a small packet and over full packets at MTU
-/// 1500 and 9000 (the UDP payload sizes).
+/// `via_wire::crc32c` over a small packet, over full packets at MTU 1500
+/// and 9000 (the UDP payload sizes, and 1392, the data payload of a
+/// 1472-byte datagram after the 80-byte header) and over a 64 KiB buffer.
 fn crc32c(c: &mut Criterion) {
     let mut group = c.benchmark_group("crc32c");
-    for len in [64usize, 1472, 8972] {
+    for len in [64usize, 1392, 1472, 8972, 65536] {
         let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 3) as u8).collect();
         group.throughput(Throughput::Bytes(len as u64));
         group.bench_function(BenchmarkId::from_parameter(len), |b| {
