@@ -77,14 +77,17 @@ impl OutPacket {
         via_wire::finish(&mut self.buf[..self.len]);
     }
 
-    /// Appends the packet's iovecs to `iov`: the header (with the payload
-    /// when it was copied), then the payload's pieces.
-    fn iovecs(&self, iov: &mut Vec<libc::iovec>) {
+    /// The packet's iovecs: the header (with the payload when it was
+    /// copied), then the payload's pieces; and how many of them there are.
+    fn iovecs(&self) -> ([libc::iovec; 1 + MAX_PIECES], usize) {
+        let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        let mut iov = [empty; 1 + MAX_PIECES];
         let head = if self.npieces == 0 { self.len } else { HEADER_LEN };
-        iov.push(libc::iovec { iov_base: self.buf.as_ptr() as *mut libc::c_void, iov_len: head });
-        for &(addr, len) in &self.pieces[..self.npieces] {
-            iov.push(libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len });
+        iov[0] = libc::iovec { iov_base: self.buf.as_ptr() as *mut libc::c_void, iov_len: head };
+        for (v, &(addr, len)) in iov[1..].iter_mut().zip(&self.pieces[..self.npieces]) {
+            *v = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
         }
+        (iov, 1 + self.npieces)
     }
 }
 
@@ -160,9 +163,7 @@ pub(crate) fn send_groups(
     max_segment: usize,
 ) -> Sent {
     if let [p] = packets {
-        if p.npieces == 0 {
-            return send_one(fd, addr, &p.buf[..p.len]);
-        }
+        return send_one(fd, addr, p);
     }
     let groups = gso_groups(packets.iter().map(|p| p.len), max_segment);
     // Every iovec first: the vector must not move once messages point into it.
@@ -171,7 +172,8 @@ pub(crate) fn send_groups(
     for g in &groups {
         let start = iov.len();
         for p in &packets[g.start..g.start + g.count] {
-            p.iovecs(&mut iov);
+            let (v, n) = p.iovecs();
+            iov.extend_from_slice(&v[..n]);
         }
         spans.push((start, iov.len() - start));
     }
@@ -259,16 +261,29 @@ fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Grou
     groups
 }
 
-/// Sends one packet, without building a batch: the path of small
-/// messages and acknowledgements.
-fn send_one(fd: RawFd, addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>, packet: &[u8]) -> Sent {
+/// Sends one packet, without building a batch or allocating: the path of
+/// small messages and acknowledgements.
+fn send_one(fd: RawFd, addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>, packet: &OutPacket) -> Sent {
     let (name, len) = match addr {
         Some((name, len)) => (name as *const libc::sockaddr_storage as *const libc::sockaddr, *len),
         None => (std::ptr::null(), 0),
     };
+    let (mut iov, n) = packet.iovecs();
     loop {
-        // SAFETY: the packet and the address (if any) are live for the call.
-        let r = unsafe { libc::sendto(fd, packet.as_ptr() as *const libc::c_void, packet.len(), 0, name, len) };
+        let r = if n == 1 {
+            // SAFETY: the packet and the address (if any) are live for the call.
+            unsafe { libc::sendto(fd, iov[0].iov_base, iov[0].iov_len, 0, name, len) }
+        } else {
+            // SAFETY: a zeroed msghdr is valid; fields set below.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_name = name as *mut libc::c_void;
+            h.msg_namelen = len;
+            h.msg_iov = iov.as_mut_ptr();
+            h.msg_iovlen = n;
+            // SAFETY: the header points at the iovecs above, whose buffers
+            // are live for the call, and at the address, if any.
+            unsafe { libc::sendmsg(fd, &h, 0) }
+        };
         if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
             continue;
         }
@@ -337,10 +352,10 @@ mod tests {
 
     /// The bytes the kernel would send for `p`, from its iovecs.
     fn wire_bytes(p: &OutPacket) -> Vec<u8> {
-        let mut iov = Vec::new();
-        p.iovecs(&mut iov);
+        let (iov, n) = p.iovecs();
         // SAFETY: the iovecs point at the live buffers of the test.
-        iov.iter()
+        iov[..n]
+            .iter()
             .flat_map(|v| unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) })
             .copied()
             .collect()
@@ -373,6 +388,27 @@ mod tests {
             };
             assert_eq!(checked.payload(), want);
         }
+    }
+
+    /// One packet whose payload stays in the application's buffer leaves
+    /// with one `sendmsg` and arrives as the packet it was built as.
+    #[test]
+    fn a_lone_packet_in_place_goes_out_whole() {
+        use std::net::UdpSocket;
+        let data: Vec<u8> = (0..2000u32).map(|i| (i * 3) as u8).collect();
+        let gather: Gather = vec![(data.as_ptr() as u64, 700), (data.as_ptr() as u64 + 700, 1300)];
+        let mut p = OutPacket::new(HEADER_LEN + 1400);
+        p.build(&transmit(100, 1400), Some(&gather));
+        assert_eq!(p.npieces, 2);
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = crate::net::socket_addr(rx.local_addr().unwrap());
+        assert_eq!(send_groups(std::os::fd::AsRawFd::as_raw_fd(&tx), Some(&addr), &[p], 0).packets, 1);
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 2048];
+        let n = rx.recv(&mut buf).unwrap();
+        let checked = Packet::new_checked(&buf[..n]).expect("a valid packet");
+        assert_eq!(checked.payload(), &data[100..1500]);
     }
 
     fn groups(lens: &[usize], max_segment: usize) -> Vec<(usize, usize, usize)> {

@@ -45,6 +45,13 @@ fn events(s: &mut Session) -> Vec<Event> {
     std::iter::from_fn(|| s.poll_event()).collect()
 }
 
+/// Parses an encoded packet as the I/O layer would.
+fn parsed(t: &Transmit) -> (Header, Vec<u8>) {
+    let bytes = via_wire::encode(&t.header, &gather(t.payload));
+    let p = Packet::new_checked(&bytes[..]).expect("valid packet");
+    (Header::parse(&p).expect("valid header"), p.payload().to_vec())
+}
+
 /// Encodes the packet as the I/O layer would and hands it to `to`.
 fn deliver(to: &mut Session, now: Instant, t: &Transmit) {
     let (h, payload) = parsed(t);
@@ -604,13 +611,6 @@ fn sizes_and_limits() {
     assert_eq!(lens, [40, 40, 20]);
     assert_eq!(p[3].header.flags, FLAG_LAST | FLAG_RELIABLE);
     assert_eq!(a.queued_messages(), 2);
-}
-
-/// Parses an encoded packet as the I/O layer would.
-fn parsed(t: &Transmit) -> (Header, Vec<u8>) {
-    let bytes = via_wire::encode(&t.header, &gather(t.payload));
-    let p = Packet::new_checked(&bytes[..]).expect("valid packet");
-    (Header::parse(&p).expect("valid header"), p.payload().to_vec())
 }
 
 #[test]
