@@ -116,6 +116,10 @@ impl Op {
     }
 }
 
+/// The local buffers of a descriptor: inline up to two, the common case,
+/// so posting allocates nothing.
+pub type Segs = smallvec::SmallVec<[LocalSeg; 2]>;
+
 /// A local buffer of a validated descriptor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LocalSeg {
@@ -138,7 +142,7 @@ pub struct WorkRequest {
     /// Remote address and memory handle of an RDMA operation.
     pub remote: Option<(u64, u32)>,
     /// Local data segments, in order (zero-length segments dropped).
-    pub segs: Vec<LocalSeg>,
+    pub segs: Segs,
     /// Total bytes of the local segments.
     pub total: u64,
 }
@@ -193,7 +197,7 @@ pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) 
         remote = Some((seg.addr, seg.handle));
         first_data = 1;
     }
-    let mut segs = Vec::with_capacity(count - first_data);
+    let mut segs = Segs::new();
     let mut total = 0u64;
     for i in first_data..count {
         let seg = desc.segment(i);

@@ -23,6 +23,7 @@ pub mod progress;
 pub mod timeout;
 pub mod tuning;
 pub mod vi;
+mod vi_attrs;
 
 use handles::{Kind, Table};
 use std::sync::OnceLock;

@@ -9,7 +9,7 @@ use crate::progress;
 use crate::vi::{reliable, Break, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
 use std::sync::Arc;
 use via_core::consts::*;
-use via_core::descriptor::{validate, DescPtr, Op, Rules};
+use via_core::descriptor::{validate, DescPtr, Op, Rules, Segs};
 use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_reliable::{BreakReason, MsgKind, OutMessage, Segment, SendError};
 
@@ -79,7 +79,7 @@ impl Vi {
                 let answered = true;
                 let (kind, len, read) = match (wr.op, wr.remote) {
                     (Op::RdmaWrite, Some((addr, handle))) => {
-                        (MsgKind::RdmaWrite { addr, handle }, total, answered.then(Vec::new))
+                        (MsgKind::RdmaWrite { addr, handle }, total, answered.then(Segs::new))
                     }
                     (Op::RdmaRead, Some((addr, handle))) => {
                         (MsgKind::RdmaReadRequest { addr, handle, len: total }, 0, Some(wr.segs.clone()))

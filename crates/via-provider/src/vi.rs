@@ -17,6 +17,8 @@ use crate::handles::Handle;
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
 use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode, Doorbell};
+use crate::vi_attrs::AttrCell;
+pub use crate::vi_attrs::ViAttrs;
 use crate::{progress, provider};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::VecDeque;
@@ -25,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use via_core::consts::*;
-use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, WorkRequest};
+use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, Segs, WorkRequest};
 use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES};
 use via_shm::conn::ConnSegment;
@@ -52,24 +54,9 @@ pub enum ViState {
     Error = 3,
 }
 
-/// The attributes of a VI (`VIP_VI_ATTRIBUTES`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ViAttrs {
-    /// Reliability level.
-    pub reliability: u16,
-    /// Maximum transfer size.
-    pub max_transfer: u64,
-    /// Protection tag handle.
-    pub ptag: Handle,
-    /// Accept RDMA writes.
-    pub rdma_write: bool,
-    /// Accept RDMA reads.
-    pub rdma_read: bool,
-}
-
 pub(crate) struct RecvItem {
     pub desc: DescPtr,
-    pub segs: Vec<LocalSeg>,
+    pub segs: Segs,
     pub total: u64,
     /// Sequence number in the peer-visible receive cache, once published.
     pub seq: Option<u64>,
@@ -99,7 +86,7 @@ pub(crate) struct SendItem {
     /// Network: the token of the message carrying it.
     pub token: u64,
     /// Network RDMA read: the request's message number and the local buffers.
-    pub read: Option<(u32, Vec<LocalSeg>)>,
+    pub read: Option<(u32, Segs)>,
     /// `VIP_STATUS_OP_*` bits.
     pub op: u32,
     pub length: u32,
@@ -153,7 +140,7 @@ pub struct Vi {
     pub send_cq: Option<Arc<Cq>>,
     /// CQ of the receive queue.
     pub recv_cq: Option<Arc<Cq>>,
-    attrs: Mutex<ViAttrs>,
+    attrs: AttrCell,
     pub(crate) ptag_id: AtomicU32,
     state: AtomicU8,
     pub(crate) recv: Mutex<RecvQueue>,
@@ -204,7 +191,7 @@ impl Vi {
                 nic: nic.clone(),
                 send_cq: send_cq.clone(),
                 recv_cq: recv_cq.clone(),
-                attrs: Mutex::new(attrs),
+                attrs: AttrCell::new(&attrs),
                 ptag_id: AtomicU32::new(tag.id),
                 state: AtomicU8::new(ViState::Idle as u8),
                 recv: Mutex::new(RecvQueue::default()),
@@ -310,17 +297,18 @@ impl Vi {
 
     /// The attributes.
     pub fn attrs(&self) -> ViAttrs {
-        *self.attrs.lock()
+        self.attrs.load()
     }
 
     /// Changes the attributes of an idle VI.
     pub fn set_attrs(&self, new: ViAttrs) -> ViaResult<()> {
         let _r = self.recv.lock();
+        let _s = self.send.lock();
         if self.state() != ViState::Idle {
             return Err(ViaError::InvalidState);
         }
         let tag = check_attrs(&self.nic, &new)?;
-        let mut attrs = self.attrs.lock();
+        let attrs = self.attrs.load();
         if attrs.ptag != new.ptag {
             if let Ok(old) = self.nic.ptag(attrs.ptag) {
                 old.vi_users.fetch_sub(1, Ordering::AcqRel);
@@ -328,7 +316,7 @@ impl Vi {
             tag.vi_users.fetch_add(1, Ordering::AcqRel);
             self.ptag_id.store(tag.id, Ordering::Release);
         }
-        *attrs = new;
+        self.attrs.store(&new);
         Ok(())
     }
 
@@ -569,11 +557,12 @@ impl Vi {
         if desc.0 == 0 {
             return Err(ViaError::InvalidParameter);
         }
+        let mut q = self.recv.lock();
+        // Read under a queue lock: see `AttrCell`.
         let (rules, _) = self.rules();
         if !descriptor_placement_ok(desc, mem, &rules) {
             return Err(ViaError::Descriptor);
         }
-        let mut q = self.recv.lock();
         if q.items.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
             return Err(ViaError::Resource);
         }
@@ -582,7 +571,7 @@ impl Vi {
         let flushed = state == ViState::Error;
         let (segs, total, error) = match validate(desc, mem, true, &rules) {
             Ok(wr) => (wr.segs, wr.total, 0),
-            Err(bits) => (Vec::new(), 0, bits),
+            Err(bits) => (Segs::new(), 0, bits),
         };
         if flushed || error != 0 {
             let bits = if flushed { STATUS_DESC_FLUSHED_ERROR } else { error };
@@ -668,7 +657,7 @@ impl Vi {
                     broken = Some(LOST);
                 }
             } else if hdr.flags & FLAG_INLINE != 0 {
-                let mut dst: Vec<&mut [u8]> = item
+                let mut dst: smallvec::SmallVec<[&mut [u8]; 2]> = item
                     .segs
                     .iter()
                     // SAFETY: validated against the registry when posted.
@@ -775,8 +764,8 @@ impl Vi {
         if desc.0 == 0 {
             return Err(ViaError::InvalidParameter);
         }
-        let (rules, _) = self.rules();
         let mut q = self.send.lock();
+        let (rules, _) = self.rules();
         let state = self.state();
         if state != ViState::Connected && state != ViState::Error {
             return Err(ViaError::InvalidState);
@@ -915,8 +904,8 @@ fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
 }
 
 fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
-    let segs: Vec<RecvSeg> = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len }).collect();
-    seg.my_recvs().publish(&segs).map_err(|_| ViaError::Resource)
+    let segs = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len });
+    seg.my_recvs().publish(segs).map_err(|_| ViaError::Resource)
 }
 
 fn local_slices(segs: &[LocalSeg]) -> Vec<IoSlice<'static>> {

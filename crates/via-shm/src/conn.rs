@@ -296,12 +296,12 @@ mod tests {
         let (a, b) = pair();
         let segs: Vec<RecvSeg> =
             (0..MAX_SEGS as u32).map(|i| RecvSeg { addr: 0x1000 * u64::from(i), len: i + 1 }).collect();
-        let too_many = a.my_recvs().publish(&[&segs[..], &segs[..1]].concat());
+        let too_many = a.my_recvs().publish([&segs[..], &segs[..1]].concat());
         assert!(matches!(too_many, Err(ShmError::TooManySegments)));
         for i in 0..RECV_ENTRIES {
-            assert_eq!(a.my_recvs().publish(&segs[..i % MAX_SEGS]).unwrap(), i as u64);
+            assert_eq!(a.my_recvs().publish(segs[..i % MAX_SEGS].iter().copied()).unwrap(), i as u64);
         }
-        assert!(matches!(a.my_recvs().publish(&[]), Err(ShmError::Full)));
+        assert!(matches!(a.my_recvs().publish([]), Err(ShmError::Full)));
         assert_eq!(b.peer_recvs().available(), RECV_ENTRIES as u64);
         for i in 0..RECV_ENTRIES {
             let e = b.peer_recvs().take().unwrap().unwrap();
@@ -312,14 +312,14 @@ mod tests {
         assert!(b.peer_recvs().take().unwrap().is_none());
         let a_view = (a.my_recvs().available(), a.my_recvs().taken());
         assert_eq!(a_view, (0, RECV_ENTRIES as u64));
-        b.my_recvs().publish(&segs[..1]).unwrap();
+        b.my_recvs().publish(segs[..1].iter().copied()).unwrap();
         assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs(), &segs[..1]);
     }
 
     #[test]
     fn corrupt_recv_entries_are_errors() {
         let (a, b) = pair();
-        a.my_recvs().publish(&[RecvSeg { addr: 1, len: 2 }]).unwrap();
+        a.my_recvs().publish([RecvSeg { addr: 1, len: 2 }]).unwrap();
         // A's receives are the cache after the B->A ring; entry 0 follows
         // the 128-byte control block: seq u64, then nsegs u32.
         let cache = HEADER_BYTES + DIR_BYTES + RING_BYTES;
@@ -345,7 +345,7 @@ mod tests {
     fn take_seq_consumes_in_order_with_take() {
         let (a, b) = pair();
         for i in 0..5u32 {
-            a.my_recvs().publish(&[RecvSeg { addr: u64::from(i), len: i }]).unwrap();
+            a.my_recvs().publish([RecvSeg { addr: u64::from(i), len: i }]).unwrap();
         }
         assert_eq!(b.peer_recvs().take_seq().unwrap(), Some(0));
         assert_eq!(b.peer_recvs().take().unwrap().unwrap().segs(), &[RecvSeg { addr: 1, len: 1 }]);

@@ -126,7 +126,12 @@ impl RecvCache {
     /// Receiver side: publishes one posted receive; returns its sequence
     /// number.  Errors: `TooManySegments`, `Full` when `RECV_ENTRIES` are
     /// outstanding, `Corrupt` when the peer's `taken` is impossible.
-    pub fn publish(&self, segs: &[RecvSeg]) -> Result<u64, ShmError> {
+    pub fn publish<I>(&self, segs: I) -> Result<u64, ShmError>
+    where
+        I: IntoIterator<Item = RecvSeg>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let segs = segs.into_iter();
         if segs.len() > MAX_SEGS {
             return Err(ShmError::TooManySegments);
         }
@@ -144,15 +149,17 @@ impl RecvCache {
             }
         }
         let e = self.entry(seq);
-        // SAFETY: `e` is an entry inside the cache and segs.len() <= MAX_SEGS.
+        // SAFETY: `e` is an entry inside the cache; at most MAX_SEGS are written.
         unsafe {
             addr_of_mut!((*e).seq).write_volatile(seq);
-            addr_of_mut!((*e).nsegs).write_volatile(segs.len() as u32);
-            for (i, s) in segs.iter().enumerate() {
+            let mut n = 0;
+            for (i, s) in segs.take(MAX_SEGS).enumerate() {
                 let raw = addr_of_mut!((*e).segs[i]);
                 addr_of_mut!((*raw).addr).write_volatile(s.addr);
                 addr_of_mut!((*raw).len).write_volatile(s.len);
+                n = i + 1;
             }
+            addr_of_mut!((*e).nsegs).write_volatile(n as u32);
         }
         let next = seq.wrapping_add(1);
         self.published.store(next, Relaxed);

@@ -243,9 +243,11 @@ impl Ring {
 
     /// Consumer side: consumes the slot returned by `peek` (no-op if none).
     pub fn pop(&self) {
-        if self.peeked.swap(NOT_PEEKED, Relaxed) == NOT_PEEKED {
+        // Not a swap: the consumer side is serialized by the caller.
+        if self.peeked.load(Relaxed) == NOT_PEEKED {
             return;
         }
+        self.peeked.store(NOT_PEEKED, Relaxed);
         let tail = self.tail.load(Relaxed).wrapping_add(1);
         self.tail.store(tail, Relaxed);
         self.ctl().tail.store(tail, Release);

@@ -177,7 +177,7 @@ fn recv_cache_between_processes() {
     let seg = ConnSegment::new(region, Side::A).unwrap();
     let mut i = 0;
     while i < RECEIVES {
-        match seg.my_recvs().publish(&recv_segs(i)) {
+        match seg.my_recvs().publish(recv_segs(i)) {
             Ok(seq) => {
                 assert_eq!(seq, i);
                 i += 1;

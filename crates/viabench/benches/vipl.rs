@@ -186,6 +186,25 @@ fn send_path(c: &mut Criterion) {
             total
         })
     });
+    // Both ends of one message in one thread: the software a 4-byte
+    // ping-pong pays per message, without the cache-line transfer.
+    c.bench_function("one 4B message shm: VipPostRecv+VipPostSend+VipSendDone+VipRecvDone", |b| {
+        recycle();
+        b.iter(|| {
+            let mut done: *mut Descriptor = std::ptr::null_mut();
+            let mut got: *mut Descriptor = std::ptr::null_mut();
+            // SAFETY: descriptors of registered memory, each reused once completed.
+            unsafe {
+                std::ptr::write(d, desc);
+                ok("VipPostSend", VipPostSend(tvi, d, tx.mh));
+                ok("VipSendDone", VipSendDone(tvi, &mut done));
+                ok("VipRecvDone", VipRecvDone(rvi, &mut got));
+                let i = (got as usize - rx.mem.ptr() as usize) / 64;
+                rx.post_recv(rvi, i);
+            }
+            black_box((done, got));
+        })
+    });
     c.bench_function("VipRecvDone empty queue", |b| {
         b.iter(|| {
             let mut done: *mut Descriptor = std::ptr::null_mut();
