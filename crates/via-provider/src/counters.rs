@@ -3,9 +3,11 @@
 //! dropped with the reason.
 
 use crate::tuning::tuning;
+use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Instant;
-use via_shm::stats::StatsPage;
+use via_core::consts::limits;
+use via_shm::stats::{StatsPage, ROW_WIDTH};
 
 /// One counter of a NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,31 +116,82 @@ pub const NAMES: [&str; 32] = [
     "cq_done_calls",
 ];
 
+// The counters a work queue adds to on every message come first: they
+// are the columns of the page's rows.
+const _: () = assert!(Counter::RdmaReads as usize + 1 == ROW_WIDTH);
+
 /// The counters of one NIC.
 #[derive(Clone)]
-pub struct Counters(Option<Arc<StatsPage>>);
+pub struct Counters(Option<Arc<Page>>);
+
+struct Page {
+    stats: StatsPage,
+    free_rows: Mutex<Vec<u32>>,
+}
 
 impl Counters {
-    /// A page labelled with the device name; without one (no memfd) counting is off.
+    /// A page labelled with the device name, with a row for each work
+    /// queue of the most VIs a NIC has; without a page (no memfd) counting
+    /// is off.
     pub fn new(device: &str) -> Counters {
-        Counters(StatsPage::create(device, &NAMES).ok().map(Arc::new))
+        let page = StatsPage::create(device, &NAMES, 2 * limits::MAX_VI).ok().map(|stats| {
+            let free_rows = Mutex::new((0..stats.rows() as u32).rev().collect());
+            Arc::new(Page { stats, free_rows })
+        });
+        Counters(page)
     }
 
     /// Adds `n` to `c`.
     pub fn add(&self, c: Counter, n: u64) {
         if let Some(p) = &self.0 {
-            p.add(c as usize, n);
+            p.stats.add(c as usize, n);
         }
     }
 
     /// The current value of `c`.
     pub fn get(&self, c: Counter) -> u64 {
-        self.0.as_ref().map_or(0, |p| p.get(c as usize))
+        self.0.as_ref().map_or(0, |p| p.stats.get(c as usize))
     }
 
     /// The page, to hand to the host agent.
     pub fn page(&self) -> Option<&StatsPage> {
-        self.0.as_deref()
+        self.0.as_ref().map(|p| &p.stats)
+    }
+
+    /// A row of the page for one work queue.
+    pub(crate) fn row(&self) -> CounterRow {
+        let row = self.0.as_ref().and_then(|p| p.free_rows.lock().pop());
+        CounterRow { page: self.0.clone(), row }
+    }
+}
+
+/// The counters of one work queue: a row of the NIC's page that only its
+/// owner adds to (`&mut self`), so its per-message counters cost a load and
+/// a store instead of an atomic read-modify-write.  A row outlives its
+/// owner's counts: the next owner adds to what is there.
+#[derive(Default)]
+pub(crate) struct CounterRow {
+    page: Option<Arc<Page>>,
+    row: Option<u32>,
+}
+
+impl CounterRow {
+    /// Adds `n` to `c`.
+    pub fn add(&mut self, c: Counter, n: u64) {
+        let Some(p) = &self.page else { return };
+        match self.row {
+            // SAFETY: the row is this owner's alone until it is dropped.
+            Some(row) if (c as usize) < ROW_WIDTH => unsafe { p.stats.add_to_row(row as usize, c as usize, n) },
+            _ => p.stats.add(c as usize, n),
+        }
+    }
+}
+
+impl Drop for CounterRow {
+    fn drop(&mut self) {
+        if let (Some(p), Some(row)) = (&self.page, self.row) {
+            p.free_rows.lock().push(row);
+        }
     }
 }
 
@@ -172,7 +225,7 @@ pub fn write_profile(device: &str, counters: &Counters) {
     let values: Vec<String> = NAMES
         .iter()
         .enumerate()
-        .map(|(i, name)| format!("\"{name}\":{}", counters.0.as_ref().map_or(0, |p| p.get(i))))
+        .map(|(i, name)| format!("\"{name}\":{}", counters.0.as_ref().map_or(0, |p| p.stats.get(i))))
         .collect();
     let line = format!(
         "{{\"pid\":{},\"device\":\"{}\",\"settings\":{{{}}},\"counters\":{{{}}}}}\n",

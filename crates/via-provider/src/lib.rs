@@ -20,6 +20,7 @@ mod net_send;
 pub mod nic;
 mod peer_socket;
 pub mod progress;
+mod queue_lock;
 pub mod timeout;
 pub mod tuning;
 pub mod vi;

@@ -425,8 +425,8 @@ impl Vi {
             item.done = true;
             r.done += 1;
             r.inbound = None;
-            self.nic.counters.add(Counter::MsgsReceived, 1);
-            self.nic.counters.add(Counter::BytesReceived, total as u64);
+            r.tally.add(Counter::MsgsReceived, 1);
+            r.tally.add(Counter::BytesReceived, total as u64);
             self.push_cq(true);
             f.woke = true;
         }

@@ -8,19 +8,20 @@
 //! before `send`.
 
 use crate::connect::Conn;
-use crate::counters::Counter;
 use crate::counters::StageTimer;
+use crate::counters::{Counter, CounterRow};
 use crate::cq::{Cq, CqEntry};
 use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::Handle;
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
+use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::vi_attrs::AttrCell;
 pub use crate::vi_attrs::ViAttrs;
 use crate::{progress, provider};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
@@ -78,6 +79,8 @@ pub(crate) struct RecvQueue {
     pub inbound: Option<u32>,
     /// Network: a message being dropped (no receive, or an error).
     pub dropping: Option<u32>,
+    /// Messages and bytes received.
+    pub tally: CounterRow,
 }
 
 pub(crate) struct SendItem {
@@ -108,6 +111,8 @@ pub(crate) struct SendQueue {
     pub net: Option<Arc<crate::net::NetLink>>,
     /// Posted, its doorbell rung, not yet taken by the send engine.
     pub rung: usize,
+    /// Messages, bytes and copies sent.
+    pub tally: CounterRow,
 }
 
 impl SendQueue {
@@ -143,8 +148,8 @@ pub struct Vi {
     attrs: AttrCell,
     pub(crate) ptag_id: AtomicU32,
     state: AtomicU8,
-    pub(crate) recv: Mutex<RecvQueue>,
-    pub(crate) send: Mutex<SendQueue>,
+    pub(crate) recv: QueueMutex<RecvQueue>,
+    pub(crate) send: QueueMutex<SendQueue>,
     /// Network: the link, readable without the queue locks.
     pub(crate) net: Mutex<Option<Arc<crate::net::NetLink>>>,
     /// Futex word for waiters that have no ring to sleep on.
@@ -194,8 +199,8 @@ impl Vi {
                 attrs: AttrCell::new(&attrs),
                 ptag_id: AtomicU32::new(tag.id),
                 state: AtomicU8::new(ViState::Idle as u8),
-                recv: Mutex::new(RecvQueue::default()),
-                send: Mutex::new(SendQueue::default()),
+                recv: QueueMutex::new(RecvQueue { tally: nic.counters.row(), ..Default::default() }),
+                send: QueueMutex::new(SendQueue { tally: nic.counters.row(), ..Default::default() }),
                 net: Mutex::new(None),
                 wake_word: AtomicU32::new(0),
                 sleepers: AtomicUsize::new(0),
@@ -670,8 +675,8 @@ impl Vi {
             q.done += 1;
             rx.pop();
             if status & STATUS_ERROR_MASK == 0 {
-                self.nic.counters.add(Counter::MsgsReceived, 1);
-                self.nic.counters.add(Counter::BytesReceived, length as u64);
+                q.tally.add(Counter::MsgsReceived, 1);
+                q.tally.add(Counter::BytesReceived, length as u64);
             }
             timer.stop(&self.nic.counters, Counter::ReceiveNs, Some(Counter::Receives));
         }
@@ -790,7 +795,7 @@ impl Vi {
 
     /// Carries out a posted send: in `VipPostSend`, or in the NIC's send
     /// engine when a doorbell brought it there (`q.rung` counts those).
-    pub(crate) fn carry_out(&self, mut q: MutexGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
+    pub(crate) fn carry_out(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
         let (rules, attrs) = self.rules();
         if let Some(link) = q.net.clone() {
             let events = self.post_net(&mut q, &link, desc, mem, &rules, &attrs);
@@ -803,7 +808,8 @@ impl Vi {
         let checked = validate(desc, mem, false, &rules);
         timer.stop(counters, Counter::ValidateNs, None);
         let timer = StageTimer::start();
-        let (status, length, broken) = match (&q.conn, checked) {
+        let queue = &mut *q;
+        let (status, length, broken) = match (&queue.conn, checked) {
             (None, _) => (STATUS_DESC_FLUSHED_ERROR, 0, None),
             (Some(_), Err(bits)) => {
                 let why = reliable(attrs.reliability)
@@ -811,7 +817,8 @@ impl Vi {
                 (desc.op_status_bits() | bits, 0, why)
             }
             (Some(conn), Ok(wr)) => {
-                let (status, length, why) = execute(conn, &wr, reliable(attrs.reliability), attrs.reliability);
+                let (status, length, why) =
+                    execute(conn, &wr, reliable(attrs.reliability), attrs.reliability, &mut queue.tally);
                 timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
                 (wr.op.status_bits(false) | status, length, why)
             }
@@ -927,10 +934,16 @@ const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CON
 
 /// Carries out one validated send-queue operation on a connection.
 /// Returns the status bits to add, the length, and whether the connection must break.
-fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u32, Option<Break>) {
+fn execute(
+    conn: &Conn,
+    wr: &WorkRequest,
+    reliable: bool,
+    level: u16,
+    tally: &mut CounterRow,
+) -> (u32, u32, Option<Break>) {
     let total = wr.total as u32;
     match wr.op {
-        Op::SendRecv => deliver(conn, wr, SLOT_SEND, reliable, level),
+        Op::SendRecv => deliver(conn, wr, SLOT_SEND, reliable, level, tally),
         Op::RdmaWrite => {
             let Some((addr, handle)) = wr.remote else {
                 return (STATUS_FORMAT_ERROR, 0, None);
@@ -946,10 +959,10 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
             }
-            conn.counters.add(Counter::RdmaWrites, 1);
-            conn.counters.add(Counter::CmaCopies, (wr.total > 0) as u64);
+            tally.add(Counter::RdmaWrites, 1);
+            tally.add(Counter::CmaCopies, (wr.total > 0) as u64);
             if wr.immediate.is_some() {
-                let (bits, _, why) = deliver(conn, wr, SLOT_RDMA_WRITE_IMM, reliable, level);
+                let (bits, _, why) = deliver(conn, wr, SLOT_RDMA_WRITE_IMM, reliable, level, tally);
                 return (bits, total, why);
             }
             (0, total, None)
@@ -968,9 +981,9 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
                 if cma::read_remote(conn.peer.pid as i32, &mut local_slices_mut(&wr.segs), &remote).is_err() {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
-                conn.counters.add(Counter::CmaCopies, 1);
+                tally.add(Counter::CmaCopies, 1);
             }
-            conn.counters.add(Counter::RdmaReads, 1);
+            tally.add(Counter::RdmaReads, 1);
             (0, total, None)
         }
     }
@@ -981,7 +994,14 @@ fn execute(conn: &Conn, wr: &WorkRequest, reliable: bool, level: u16) -> (u32, u
 /// An inline send and an immediate need only to know that a receive is
 /// posted; the receiver checks the length against its own descriptor
 /// (`drain`).  A send by cross-memory attach reads the receive's buffers.
-fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16) -> (u32, u32, Option<Break>) {
+fn deliver(
+    conn: &Conn,
+    wr: &WorkRequest,
+    kind: u32,
+    reliable: bool,
+    level: u16,
+    tally: &mut CounterRow,
+) -> (u32, u32, Option<Break>) {
     let total = wr.total;
     let inline = kind == SLOT_SEND && total as usize <= tuning().inline_max && level != SERVICE_RELIABLE_RECEPTION;
     let taken = if inline || kind != SLOT_SEND {
@@ -1007,7 +1027,7 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         ..Default::default()
     };
     let mut result = (0, total as u32, None);
-    let mut payload: Vec<&[u8]> = Vec::new();
+    let mut payload: smallvec::SmallVec<[&[u8]; 2]> = smallvec::SmallVec::new();
     if entry.as_ref().is_some_and(|e| total > e.total) {
         hdr.status = STATUS_LENGTH_ERROR;
         hdr.length = 0;
@@ -1017,7 +1037,7 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         }
     } else if inline {
         hdr.flags |= FLAG_INLINE;
-        conn.counters.add(Counter::InlineSends, 1);
+        tally.add(Counter::InlineSends, 1);
         // SAFETY: validated against the registry when posted.
         payload = wr
             .segs
@@ -1037,7 +1057,7 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
                 (n > 0).then_some((s.addr, n as usize))
             })
             .collect();
-        conn.counters.add(Counter::CmaCopies, 1);
+        tally.add(Counter::CmaCopies, 1);
         match cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote) {
             Ok(n) if n as u64 == total => {}
             _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
@@ -1050,8 +1070,8 @@ fn deliver(conn: &Conn, wr: &WorkRequest, kind: u32, reliable: bool, level: u16)
         conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
     }
     if kind == SLOT_SEND && hdr.status == 0 {
-        conn.counters.add(Counter::MsgsSent, 1);
-        conn.counters.add(Counter::BytesSent, total);
+        tally.add(Counter::MsgsSent, 1);
+        tally.add(Counter::BytesSent, total);
     }
     result
 }

@@ -1172,6 +1172,9 @@ impl Session {
 
     /// Selective acknowledgement bits: bit i for seq `rcv_next + 1 + i`.
     fn sack_bits(&self) -> u64 {
+        if self.reorder.len() < 2 {
+            return 0; // nothing held beyond the next expected packet: every packet in order
+        }
         let mut s = 0u64;
         for (i, slot) in self.reorder.iter().skip(1).take(SACK_BITS).enumerate() {
             if slot.is_some() {

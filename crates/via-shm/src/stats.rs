@@ -1,8 +1,12 @@
 //! A page of named counters that a process publishes and the host agent
 //! reads: the transport's counters, live, without any message passing.
 //!
-//! Layout: a header (magic, pid, count, label) and `count` entries of a
-//! NUL-padded name and a u64 value.  The owner only adds to values; the
+//! Layout: a header (magic, pid, count, label, rows, row width), `count`
+//! entries of a NUL-padded name and a u64 value, then `rows` rows of
+//! `row width` u64 values.  Column `i` of every row adds to counter `i`:
+//! a row belongs to one writer at a time (a VI's work queue), which adds to
+//! it with a plain load and store where the shared entry needs an atomic
+//! read-modify-write.  The reader sums.  The owner only adds to values; the
 //! reader treats everything as untrusted and validates it.
 
 use crate::region::SharedRegion;
@@ -10,28 +14,45 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const MAGIC: u64 = u64::from_le_bytes(*b"VIASTAT1");
-const HEADER_BYTES: usize = 48;
+const MAGIC: u64 = u64::from_le_bytes(*b"VIASTAT2");
+const HEADER_BYTES: usize = 64;
 const LABEL_BYTES: usize = 32;
 /// Longest counter name.
 pub const NAME_BYTES: usize = 24;
 const ENTRY_BYTES: usize = NAME_BYTES + 8;
 /// Most counters a page holds.
 pub const MAX_COUNTERS: usize = 128;
+/// Most rows a page holds.
+pub const MAX_ROWS: usize = 4096;
+/// Most counters a row holds: one cache line.
+pub const ROW_WIDTH: usize = 8;
+const ROW_BYTES: usize = ROW_WIDTH * 8;
+
+/// Where the rows start: after the entries, on a cache line of their own.
+fn rows_offset(count: usize) -> usize {
+    (HEADER_BYTES + count * ENTRY_BYTES).next_multiple_of(64)
+}
 
 /// The owner's side: counters it adds to.
 pub struct StatsPage {
     region: SharedRegion,
     count: usize,
+    rows: usize,
 }
 
 impl StatsPage {
-    /// A page labelled `label` (e.g. the device) with counters `names`.
-    pub fn create(label: &str, names: &[&str]) -> io::Result<StatsPage> {
-        if names.len() > MAX_COUNTERS || names.iter().any(|n| n.len() > NAME_BYTES) || label.len() > LABEL_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many or too long counter names"));
+    /// A page labelled `label` (e.g. the device) with counters `names` and
+    /// `rows` rows for the first `ROW_WIDTH` of them.
+    pub fn create(label: &str, names: &[&str], rows: usize) -> io::Result<StatsPage> {
+        if names.len() > MAX_COUNTERS
+            || names.iter().any(|n| n.len() > NAME_BYTES)
+            || label.len() > LABEL_BYTES
+            || rows > MAX_ROWS
+            || (rows > 0 && names.len() < ROW_WIDTH)
+        {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many or too long counter names, or rows"));
         }
-        let region = SharedRegion::create("openvia-stats", HEADER_BYTES + names.len() * ENTRY_BYTES)?;
+        let region = SharedRegion::create("openvia-stats", rows_offset(names.len()) + rows * ROW_BYTES)?;
         let base = region.as_ptr();
         // SAFETY: the region is at least this long and only ours so far.
         unsafe {
@@ -41,9 +62,34 @@ impl StatsPage {
             for (i, name) in names.iter().enumerate() {
                 std::ptr::copy_nonoverlapping(name.as_ptr(), base.add(HEADER_BYTES + i * ENTRY_BYTES), name.len());
             }
+            std::ptr::copy_nonoverlapping((rows as u32).to_le_bytes().as_ptr(), base.add(48), 4);
+            std::ptr::copy_nonoverlapping((ROW_WIDTH as u32).to_le_bytes().as_ptr(), base.add(52), 4);
             (*(base as *const AtomicU64)).store(MAGIC, Ordering::Release);
         }
-        Ok(StatsPage { region, count: names.len() })
+        Ok(StatsPage { region, count: names.len(), rows })
+    }
+
+    /// The number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Adds `n` to column `i` of row `row` with a plain load and store.
+    ///
+    /// # Safety
+    /// No other thread adds to the same row and column at the same time.
+    pub unsafe fn add_to_row(&self, row: usize, i: usize, n: u64) {
+        if row < self.rows && i < ROW_WIDTH {
+            let v = self.row_value(row, i);
+            v.store(v.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        }
+    }
+
+    /// Column `i` of row `row`; both in range.
+    fn row_value(&self, row: usize, i: usize) -> &AtomicU64 {
+        debug_assert!(row < self.rows && i < ROW_WIDTH);
+        // SAFETY: the value is inside the region and 8-byte aligned.
+        unsafe { &*(self.region.as_ptr().add(rows_offset(self.count) + row * ROW_BYTES + i * 8) as *const AtomicU64) }
     }
 
     fn value(&self, i: usize) -> Option<&AtomicU64> {
@@ -60,9 +106,15 @@ impl StatsPage {
         }
     }
 
-    /// The current value of counter `i`.
+    /// The current value of counter `i`, its rows' columns included.
     pub fn get(&self, i: usize) -> u64 {
-        self.value(i).map_or(0, |v| v.load(Ordering::Relaxed))
+        let mut total = self.value(i).map_or(0, |v| v.load(Ordering::Relaxed));
+        if i < ROW_WIDTH {
+            for row in 0..self.rows {
+                total = total.wrapping_add(self.row_value(row, i).load(Ordering::Relaxed));
+            }
+        }
+        total
     }
 
     /// The page's descriptor, to hand to the reader.
@@ -107,7 +159,7 @@ impl StatsView {
                 return Err(io::Error::last_os_error());
             }
             let len = st.st_size as usize;
-            if !(HEADER_BYTES..=HEADER_BYTES + MAX_COUNTERS * ENTRY_BYTES).contains(&len) {
+            if !(HEADER_BYTES..=rows_offset(MAX_COUNTERS) + MAX_ROWS * ROW_BYTES).contains(&len) {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, "counter page of the wrong size"));
             }
             let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0);
@@ -131,17 +183,29 @@ impl StatsView {
         }
         let pid = u32::from_le_bytes(self.bytes(8, 4).try_into().unwrap());
         let count = u32::from_le_bytes(self.bytes(12, 4).try_into().unwrap()) as usize;
-        if count > MAX_COUNTERS || HEADER_BYTES + count * ENTRY_BYTES > self.len {
+        let rows = u32::from_le_bytes(self.bytes(48, 4).try_into().unwrap()) as usize;
+        let width = u32::from_le_bytes(self.bytes(52, 4).try_into().unwrap()) as usize;
+        if count > MAX_COUNTERS
+            || rows > MAX_ROWS
+            || width > ROW_WIDTH
+            || (rows > 0 && width > count)
+            || rows_offset(count) + rows * width * 8 > self.len
+        {
             return None;
         }
         let text = |b: &[u8]| String::from_utf8_lossy(b.split(|&c| c == 0).next().unwrap_or(&[])).into_owned();
         let label = text(self.bytes(16, LABEL_BYTES));
-        let counters = (0..count)
+        let mut counters: Vec<(String, u64)> = (0..count)
             .map(|i| {
                 let at = HEADER_BYTES + i * ENTRY_BYTES;
                 (text(self.bytes(at, NAME_BYTES)), word(at + NAME_BYTES))
             })
             .collect();
+        for r in 0..rows {
+            for (i, c) in counters.iter_mut().enumerate().take(width) {
+                c.1 = c.1.wrapping_add(word(rows_offset(count) + (r * width + i) * 8));
+            }
+        }
         Some(Snapshot { pid, label, counters })
     }
 }
@@ -159,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_reader_sees_the_owners_counters() {
-        let page = StatsPage::create("via_lo", &["sent", "received"]).unwrap();
+        let page = StatsPage::create("via_lo", &["sent", "received"], 0).unwrap();
         page.add(0, 5);
         page.add(1, 7);
         page.add(1, 1);
@@ -175,8 +239,35 @@ mod tests {
     }
 
     #[test]
+    fn the_reader_adds_every_rows_column_to_its_counter() {
+        let names: Vec<String> = (0..ROW_WIDTH + 2).map(|i| format!("c{i}")).collect();
+        let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+        let page = StatsPage::create("via_lo", &names, 3).unwrap();
+        page.add(0, 1);
+        page.add(ROW_WIDTH + 1, 4);
+        // SAFETY: this thread is the only writer.
+        unsafe {
+            page.add_to_row(0, 0, 10);
+            page.add_to_row(2, 0, 100);
+            page.add_to_row(1, ROW_WIDTH - 1, 7);
+            page.add_to_row(1, ROW_WIDTH - 1, 1);
+            page.add_to_row(3, 0, 1000); // no such row: ignored
+            page.add_to_row(0, ROW_WIDTH, 1000); // no such column: ignored
+        }
+        let view = StatsView::map(page.fd().try_clone_to_owned().unwrap()).unwrap();
+        let snap = view.snapshot().unwrap();
+        let value = |n: &str| snap.counters.iter().find(|c| c.0 == n).unwrap().1;
+        assert_eq!(value("c0"), 111);
+        assert_eq!(value(&format!("c{}", ROW_WIDTH - 1)), 8);
+        assert_eq!(value(&format!("c{}", ROW_WIDTH)), 0);
+        assert_eq!(value(&format!("c{}", ROW_WIDTH + 1)), 4);
+    }
+
+    #[test]
     fn bad_pages_are_refused() {
-        assert!(StatsPage::create("x", &["a-name-that-is-far-too-long-for-a-counter"]).is_err());
+        assert!(StatsPage::create("x", &["a-name-that-is-far-too-long-for-a-counter"], 0).is_err());
+        assert!(StatsPage::create("x", &["a", "b"], 1).is_err(), "rows wider than the counters");
+        assert!(StatsPage::create("x", &["a"; ROW_WIDTH], MAX_ROWS + 1).is_err());
         // An unsealed memfd is refused.
         let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
         let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };

@@ -464,7 +464,7 @@ fn cm_port_survives_garbage_and_odd_messages() {
 #[test]
 fn stats_report_the_counters_a_session_publishes() {
     let v = Viad::start("pstats", &[]);
-    let page = via_shm::stats::StatsPage::create("via_lo", &["packets_sent", "malformed"]).unwrap();
+    let page = via_shm::stats::StatsPage::create("via_lo", &["packets_sent", "malformed"], 0).unwrap();
     page.add(0, 41);
     page.add(1, 2);
     let (session, _) = v.agent.open_session("via_lo", Some(page.fd())).unwrap();
