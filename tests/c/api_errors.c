@@ -243,11 +243,16 @@ static void bad_handles(void)
     CHECK_RET(VIP_INVALID_PARAMETER, VipDestroyPtag(nic, p2));
 
     /* Closing the NIC frees what is still open on it: its VIs and CQs are
-     * stale afterwards, and so is the NIC. */
+     * stale afterwards, and so is the NIC, even the VI and CQ this thread
+     * polled last. */
+    VIP_DESCRIPTOR *none = NULL;
+    CHECK_RET(VIP_NOT_DONE, VipRecvDone(vi3, &none));
+    VIP_VI_HANDLE from_cq = NULL;
+    CHECK_RET(VIP_NOT_DONE, VipCQDone(cq3, &from_cq, &(VIP_BOOLEAN){0}));
     CHECK_OK(VipCloseNic(nic));
-    CHECK_RET(VIP_INVALID_PARAMETER, VipQueryVi(vi3, &(VIP_VI_STATE){0}, &va,
-                                                &(VIP_BOOLEAN){0}, &(VIP_BOOLEAN){0}));
-    CHECK_RET(VIP_INVALID_PARAMETER, VipDestroyVi(vi3));
+    CHECK_RET(VIP_INVALID_PARAMETER, VipRecvDone(vi3, &none));
+    CHECK_RET(VIP_INVALID_PARAMETER, VipCQDone(cq3, &from_cq, &(VIP_BOOLEAN){0}));
+    vi_calls_refuse(vi3, ptag, desc, dp.mem.mh);
     cq_calls_refuse(cq3);
     nic_calls_refuse(nic, ptag, buf.base, buf.mh);
     free(buf.base);

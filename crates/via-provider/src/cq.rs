@@ -13,7 +13,7 @@
 //! `SCAN_NAP` once its spin is over.
 
 use crate::counters::{Counter, StageTimer};
-use crate::handles::{Handle, Kind};
+use crate::handles::{forget_last, with_last, Handle, Kind, LastUsed};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
 use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode};
@@ -65,6 +65,11 @@ pub struct Cq {
     cursor: AtomicUsize,
 }
 
+thread_local! {
+    /// The CQ this thread polled last ([`Cq::with`]).
+    static LAST_CQ: LastUsed<Cq> = const { std::cell::Cell::new(None) };
+}
+
 /// CQ2: how long `VipCQWait` sleeps between scans once its spin is over.
 const SCAN_NAP: Duration = Duration::from_micros(200);
 
@@ -103,6 +108,13 @@ impl Cq {
         provider().cqs.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
+    /// Runs `f` on the CQ of `handle`, the thread's last CQ if it is that
+    /// one (`handles::with_last`); a destroyed CQ is never used.
+    pub fn with<R>(handle: Handle, f: impl FnOnce(&Arc<Cq>) -> ViaResult<R>) -> ViaResult<R> {
+        let live = |cq: &Cq| !cq.destroyed.load(Ordering::Acquire);
+        with_last(&LAST_CQ, handle, live, |h| provider().cqs.get(h), f).unwrap_or(Err(ViaError::InvalidParameter))
+    }
+
     /// `VipDestroyCQ`: only when no work queue uses it.
     pub fn destroy(handle: Handle) -> ViaResult<()> {
         let cq = Cq::get(handle)?;
@@ -111,6 +123,7 @@ impl Cq {
         }
         provider().cqs.remove(handle);
         cq.destroyed.store(true, Ordering::Release);
+        forget_last(&LAST_CQ, handle);
         cq.nic.inbox.wake(cq.index);
         cq.nic.release_cq_slot(cq.index);
         Ok(())
@@ -184,11 +197,13 @@ impl Cq {
         while let Some(word) = self.nic.inbox.pop(self.index) {
             let entry = CqEntry::decode(word);
             // Entries may come from another process: only VIs of this CQ count.
-            if let Ok(vi) = Vi::get(entry.vi) {
-                let mine = if entry.recv { &vi.recv_cq } else { &vi.send_cq };
-                if mine.as_ref().is_some_and(|c| c.handle == self.handle) {
-                    return Some(entry);
-                }
+            // Through the thread's last VI: the caller's next call is on this one.
+            let mine = Vi::with(entry.vi, |vi| {
+                let cq = if entry.recv { &vi.recv_cq } else { &vi.send_cq };
+                Ok(cq.as_ref().is_some_and(|c| c.handle == self.handle))
+            });
+            if mine == Ok(true) {
+                return Some(entry);
             }
         }
         None

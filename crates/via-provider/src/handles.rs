@@ -7,7 +7,9 @@
 //! different objects never contend.
 
 use parking_lot::RwLock;
+use std::cell::Cell;
 use std::sync::Arc;
+use std::thread::LocalKey;
 
 /// The kind byte of a handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +29,41 @@ pub enum Kind {
 
 /// An opaque handle value.
 pub type Handle = u64;
+
+/// The object of one kind a thread used last.
+pub(crate) type LastUsed<T> = Cell<Option<(Handle, Arc<T>)>>;
+
+/// Runs `f` on the object of `handle`, from the thread's `last` if it is
+/// that object and still `live`, else looked up with `get`.  A thread that
+/// drives one VI or polls one CQ then looks nothing up and counts no
+/// references on the data path.  Handles are never reused, so a cached
+/// object is the handle's own.
+pub(crate) fn with_last<T, R>(
+    last: &'static LocalKey<LastUsed<T>>,
+    handle: Handle,
+    live: impl Fn(&T) -> bool,
+    get: impl FnOnce(Handle) -> Option<Arc<T>>,
+    f: impl FnOnce(&Arc<T>) -> R,
+) -> Option<R> {
+    last.with(|cell| {
+        // Taken out while `f` runs: a nested call looks its object up.
+        let object = match cell.take() {
+            Some((h, o)) if h == handle && live(&o) => o,
+            _ => get(handle)?,
+        };
+        let result = f(&object);
+        cell.set(Some((handle, object)));
+        Some(result)
+    })
+}
+
+/// Forgets the thread's `last` object if it is `handle`.
+pub(crate) fn forget_last<T>(last: &'static LocalKey<LastUsed<T>>, handle: Handle) {
+    let _ = last.try_with(|cell| match cell.take() {
+        Some((h, _)) if h == handle => {}
+        other => cell.set(other),
+    });
+}
 
 struct Slot<T> {
     generation: u32,

@@ -163,6 +163,8 @@ impl Nic {
             if vi.nic.handle == handle {
                 let _ = vi.disconnect();
                 p.vis.remove(h);
+                // A thread that kept it as its last VI must not use it.
+                vi.destroyed.store(true, Ordering::Release);
             }
         }
         for (h, c) in p.conns.all() {
@@ -173,6 +175,7 @@ impl Nic {
         for (h, cq) in p.cqs.all() {
             if cq.nic.handle == handle {
                 p.cqs.remove(h);
+                cq.destroyed.store(true, Ordering::Release);
             }
         }
         for (h, t) in p.ptags.all() {

@@ -13,7 +13,7 @@ use crate::counters::{Counter, CounterRow};
 use crate::cq::{Cq, CqEntry};
 use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
-use crate::handles::Handle;
+use crate::handles::{forget_last, with_last, Handle, LastUsed};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
 use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
@@ -165,7 +165,7 @@ pub struct Vi {
 
 thread_local! {
     /// The VI this thread used last ([`Vi::with`]).
-    static LAST_VI: std::cell::Cell<Option<(Handle, Arc<Vi>)>> = const { std::cell::Cell::new(None) };
+    static LAST_VI: LastUsed<Vi> = const { std::cell::Cell::new(None) };
 }
 
 pub(crate) fn reliable(level: u16) -> bool {
@@ -231,29 +231,16 @@ impl Vi {
         provider().vis.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
-    /// Runs `f` on the VI of `handle`.  The thread keeps the VI it used
-    /// last, so the data-path calls of a thread that drives one VI look
-    /// nothing up and count no references; a destroyed VI is never used
-    /// (handles are not reused, and the flag is checked).
+    /// Runs `f` on the VI of `handle`, the thread's last VI if it is that
+    /// one (`handles::with_last`); a destroyed VI is never used.
     pub fn with<R>(handle: Handle, f: impl FnOnce(&Arc<Vi>) -> ViaResult<R>) -> ViaResult<R> {
-        LAST_VI.with(|last| {
-            // Taken out while `f` runs: a nested call looks its VI up.
-            let vi = match last.take() {
-                Some((h, vi)) if h == handle && !vi.destroyed.load(Ordering::Acquire) => vi,
-                _ => Vi::get(handle)?,
-            };
-            let result = f(&vi);
-            last.set(Some((handle, vi)));
-            result
-        })
+        let live = |vi: &Vi| !vi.destroyed.load(Ordering::Acquire);
+        with_last(&LAST_VI, handle, live, |h| provider().vis.get(h), f).unwrap_or(Err(ViaError::InvalidParameter))
     }
 
     /// Forgets this thread's last VI if it is `handle` (it is being destroyed).
     fn forget(handle: Handle) {
-        let _ = LAST_VI.try_with(|last| match last.take() {
-            Some((h, _)) if h == handle => {}
-            other => last.set(other),
-        });
+        forget_last(&LAST_VI, handle);
     }
 
     /// Destroys an idle VI.

@@ -29,10 +29,9 @@ pub unsafe extern "C" fn VipResizeCQ(cq: VIP_PVOID, entries: c_ulong) -> VIP_RET
 #[no_mangle]
 pub unsafe extern "C" fn VipCQDone(cq: VIP_PVOID, vi: *mut VIP_PVOID, recv: *mut VIP_BOOLEAN) -> VIP_RETURN {
     call(|| {
-        let cq = Cq::get(h(cq))?;
         need(vi)?;
         need(recv)?;
-        let e = cq.done()?;
+        let e = Cq::with(h(cq), |cq| cq.done())?;
         put(vi, p(e.vi))?;
         put(recv, e.recv as VIP_BOOLEAN)
     })
@@ -46,10 +45,9 @@ pub unsafe extern "C" fn VipCQWait(
     recv: *mut VIP_BOOLEAN,
 ) -> VIP_RETURN {
     call(|| {
-        let cq = Cq::get(h(cq))?;
         need(vi)?;
         need(recv)?;
-        let e = cq.wait(timeout as u64)?;
+        let e = Cq::with(h(cq), |cq| cq.wait(timeout as u64))?;
         put(vi, p(e.vi))?;
         put(recv, e.recv as VIP_BOOLEAN)
     })
