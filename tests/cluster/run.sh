@@ -78,6 +78,39 @@ spawn() {
     timeout -k 5 "$secs" sh "$cluster" exec "$host" "$@" >"$log" 2>&1 &
 }
 
+# pair NAME BASE SECONDS SERVER... -- CLIENT...: SERVER on h1 in the
+# background, then CLIENT on h2, each within SECONDS; output in BASE.h1 and
+# BASE.h2, shown in the case log.  Both must exit 0.
+pair() {
+    local name=$1 base=$2 secs=$3 server rc src
+    shift 3
+    (
+        # Keep the words before --: each is rotated to the end, the rest dropped.
+        n=$#
+        while [ "$n" -gt 0 ]; do
+            a=$1
+            shift
+            n=$((n - 1))
+            if [ "$a" = -- ]; then
+                shift "$n"
+                break
+            fi
+            set -- "$@" "$a"
+        done
+        exec timeout -k 5 "$secs" sh "$cluster" exec 1 "$@"
+    ) >"$base.h1" 2>&1 &
+    server=$!
+    while [ "$1" != -- ]; do shift; done
+    shift
+    on 2 "$secs" "$@" >"$base.h2" 2>&1
+    rc=$?
+    wait "$server"
+    src=$?
+    show "$base.h1" "$base.h2"
+    expect "$name server on h1" 0 "$src" || return 1
+    expect "$name client on h2" 0 "$rc"
+}
+
 # wait_for FILE PATTERN SECONDS
 wait_for() {
     n=0
@@ -129,44 +162,20 @@ case_names() {
 case_ipv6() {
     up 2 || return 1
     a6=$(cluster addr6 1)
-    spawn 1 "$logs/$tc.h1" 60 "$out/pingpong" server
-    server=$!
-    on 2 60 "$out/pingpong" client "$a6" >"$logs/$tc.h2" 2>&1
-    rc=$?
-    wait "$server"
-    src=$?
-    show "$logs/$tc.h1" "$logs/$tc.h2"
-    expect "pingpong server on h1" 0 "$src" || return 1
-    expect "pingpong client on h2 to $a6" 0 "$rc" || return 1
+    pair "pingpong to $a6" "$logs/$tc" 60 "$out/pingpong" server -- "$out/pingpong" client "$a6" || return 1
     grep -q "round trips" "$logs/$tc.h2"
 }
 
 # acceptance MTU
 case_acceptance() {
     up 2 --mtu "$1" || return 1
-    spawn 1 "$logs/$tc.h1" 150 "$out/acceptance" server "$OVC_RUN"
-    server=$!
-    on 2 150 "$out/acceptance" client "$OVC_RUN" h1 >"$logs/$tc.h2" 2>&1
-    rc=$?
-    wait "$server"
-    src=$?
-    show "$logs/$tc.h1" "$logs/$tc.h2"
-    expect "acceptance server on h1" 0 "$src" || return 1
-    expect "acceptance client on h2" 0 "$rc"
+    pair acceptance "$logs/$tc" 150 "$out/acceptance" server "$OVC_RUN" -- "$out/acceptance" client "$OVC_RUN" h1
 }
 
 # ops MTU
 case_ops() {
     up 2 --mtu "$1" || return 1
-    spawn 1 "$logs/$tc.h1" 120 "$out/ops" server h2
-    server=$!
-    on 2 120 "$out/ops" client h1 >"$logs/$tc.h2" 2>&1
-    rc=$?
-    wait "$server"
-    src=$?
-    show "$logs/$tc.h1" "$logs/$tc.h2"
-    expect "ops server on h1" 0 "$src" || return 1
-    expect "ops client on h2" 0 "$rc"
+    pair ops "$logs/$tc" 120 "$out/ops" server h2 -- "$out/ops" client h1
 }
 
 case_alltoall() {
@@ -193,15 +202,7 @@ case_alltoall() {
 
 case_cm_stats() {
     up 2 || return 1
-    spawn 1 "$logs/$tc.h1" 60 "$out/stream" server h2
-    server=$!
-    on 2 60 "$out/stream" client h1 --seconds 1 >"$logs/$tc.h2" 2>&1
-    rc=$?
-    wait "$server"
-    src=$?
-    show "$logs/$tc.h1" "$logs/$tc.h2"
-    expect "stream server on h1" 0 "$src" || return 1
-    expect "stream client on h2" 0 "$rc" || return 1
+    pair stream "$logs/$tc" 60 "$out/stream" server h2 -- "$out/stream" client h1 --seconds 1 || return 1
     ok=0
     for c in 1:cm_requests_received 1:cm_accepts 1:remote_listeners_matched 2:cm_requests_sent 2:cm_accepts; do
         host=${c%%:*} name=${c#*:}
@@ -294,17 +295,10 @@ offload_field() {
 # stream_pair BASE ENV...: 4 MiB messages (every byte checked) streamed from
 # h2 to a server on h1 for 2 s, both sides under ENV; logs in BASE.h1, BASE.h2.
 stream_pair() {
-    local base=$1 server rc src
+    local base=$1
     shift
-    spawn 1 "$base.h1" 90 env "$@" "$out/stream" server h2 --size 4194304 --batch 4
-    server=$!
-    on 2 90 env "$@" "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 >"$base.h2" 2>&1
-    rc=$?
-    wait "$server"
-    src=$?
-    show "$base.h1" "$base.h2"
-    expect "stream server on h1" 0 "$src" || return 1
-    expect "stream client on h2" 0 "$rc"
+    pair stream "$base" 90 env "$@" "$out/stream" server h2 --size 4194304 --batch 4 \
+        -- env "$@" "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2
 }
 
 # gso MTU: a stream of 4 MiB messages (every byte checked) with segmentation
