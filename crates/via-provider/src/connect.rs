@@ -15,8 +15,8 @@ use crate::provider;
 use crate::timeout::Deadline;
 use crate::vi::{Vi, ViState};
 use parking_lot::Mutex;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Weak};
 use via_core::consts::SERVICE_UNRELIABLE;
 use via_core::error::{ViaError, ViaResult};
 use via_shm::conn::{ConnSegment, Side, CONN_SEGMENT_BYTES};
@@ -31,8 +31,8 @@ pub struct Conn {
     pub seg: Arc<ConnSegment>,
     /// The socket pair end: control messages and peer-death detection.
     pub socket: OwnedFd,
-    /// The peer's CQ inboxes.
-    pub peer_inbox: Inbox,
+    /// The peer's CQ inboxes, mapped once for all connections to that peer.
+    pub peer_inbox: Arc<Inbox>,
     /// The peer's endpoint.
     pub peer: Endpoint,
     /// The helper thread's token for this connection (0: not watched).
@@ -77,7 +77,7 @@ pub(crate) enum Linked {
 struct Parts {
     seg: Arc<ConnSegment>,
     socket: OwnedFd,
-    peer_inbox: Inbox,
+    peer_inbox: Arc<Inbox>,
 }
 
 fn agent_error(e: AgentError) -> ViaError {
@@ -153,8 +153,36 @@ fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
     };
     let region = SharedRegion::map(fds.segment).map_err(|e| fail("segment", &e))?;
     let seg = ConnSegment::new(region, side).map_err(|e| fail("segment", &e))?;
-    let peer_inbox = Inbox::map(fds.peer_inbox).map_err(|e| fail("peer inbox", &e))?;
+    let peer_inbox = provider().peer_inboxes.map(fds.peer_inbox).map_err(|e| fail("peer inbox", &e))?;
     Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_inbox })
+}
+
+/// The inbox segments of the peer processes this process is connected to,
+/// each mapped once however many connections lead to its owner.  One
+/// mapping per connection would cost each connection the segment's page
+/// tables, and completions pushed through 128 VIs would go through 128
+/// addresses of the same pages, one TLB entry each.
+#[derive(Default)]
+pub struct PeerInboxes(Mutex<Vec<(FileIdentity, Weak<Inbox>)>>);
+
+/// A file's device and inode.
+type FileIdentity = (u64, u64);
+
+impl PeerInboxes {
+    /// The mapping of the inbox segment behind `fd`: the one this process
+    /// has if it is still in use, else a new one.
+    fn map(&self, fd: OwnedFd) -> std::io::Result<Arc<Inbox>> {
+        // A live mapping holds its fd open, so its inode cannot be reused.
+        let id = SharedRegion::file_identity(fd.as_fd())?;
+        let mut mapped = self.0.lock();
+        mapped.retain(|(_, inbox)| inbox.strong_count() > 0);
+        if let Some(inbox) = mapped.iter().find(|(known, _)| *known == id).and_then(|(_, inbox)| inbox.upgrade()) {
+            return Ok(inbox);
+        }
+        let inbox = Arc::new(Inbox::map(fd)?);
+        mapped.push((id, Arc::downgrade(&inbox)));
+        Ok(inbox)
+    }
 }
 
 fn side(s: client::Side) -> Side {

@@ -47,6 +47,8 @@ pub struct Provider {
     pub cqs: Table<Cq>,
     /// Connection requests returned by `VipConnectWait` and not yet answered.
     pub conns: Table<connect::PendingConn>,
+    /// The inbox segments of connected peer processes.
+    pub peer_inboxes: connect::PeerInboxes,
 }
 
 /// The process-wide provider.
@@ -58,5 +60,6 @@ pub fn provider() -> &'static Provider {
         vis: Table::new(Kind::Vi, 4 * via_core::consts::limits::MAX_VI as u32),
         cqs: Table::new(Kind::Cq, 4 * via_core::consts::limits::MAX_CQ as u32),
         conns: Table::new(Kind::Conn, 4096),
+        peer_inboxes: Default::default(),
     })
 }

@@ -93,6 +93,19 @@ impl SharedRegion {
         Ok(SharedRegion { fd, ptr, len })
     }
 
+    /// The identity of the file behind `fd` (device and inode): two fds of
+    /// one memfd, received at different times, have the same identity.
+    pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+        let mut st = MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat on a borrowed fd, into a local buffer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstat succeeded and filled the buffer.
+        let st = unsafe { st.assume_init() };
+        Ok((st.st_dev, st.st_ino))
+    }
+
     /// The memfd, e.g. to hand it to another process.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
