@@ -171,6 +171,40 @@ static void conn_calls_refuse(VIP_CONN_HANDLE h, VIP_VI_HANDLE idle_vi)
     CHECK_RET(VIP_INVALID_PARAMETER, VipConnectReject(h));
 }
 
+/* Two VIs used by a second thread, in steps with the main thread. */
+struct two_vis {
+    VIP_VI_HANDLE destroyed_first, destroyed_second;
+    int step;
+};
+
+static void step_to(struct two_vis *p, int step)
+{
+    __atomic_store_n(&p->step, step, __ATOMIC_RELEASE);
+}
+
+static void step_wait(struct two_vis *p, int step)
+{
+    while (__atomic_load_n(&p->step, __ATOMIC_ACQUIRE) != step)
+        sched_yield();
+}
+
+static void *use_two_vis(void *arg)
+{
+    struct two_vis *p = arg;
+    VIP_DESCRIPTOR *d = NULL;
+    CHECK_RET(VIP_NOT_DONE, VipRecvDone(p->destroyed_first, &d));
+    CHECK_RET(VIP_NOT_DONE, VipRecvDone(p->destroyed_second, &d));
+    step_to(p, 1);
+    step_wait(p, 2);
+    CHECK_RET(VIP_INVALID_PARAMETER, VipRecvDone(p->destroyed_first, &d));
+    CHECK_RET(VIP_NOT_DONE, VipRecvDone(p->destroyed_second, &d));
+    step_to(p, 3);
+    step_wait(p, 4);
+    CHECK_RET(VIP_INVALID_PARAMETER, VipRecvDone(p->destroyed_second, &d));
+    CHECK(d == NULL);
+    return NULL;
+}
+
 static void bad_handles(void)
 {
     int local;
@@ -221,9 +255,27 @@ static void bad_handles(void)
     CHECK_RET(VIP_INVALID_PARAMETER, VipCreateVi(nic, &va, NULL, forged[2], &vi2));
     CHECK_RET(VIP_INVALID_PARAMETER, VipCreateVi(nic, &va, vi, NULL, &vi2));
 
-    /* Stale handles: destroyed objects. */
+    /* Stale handles: destroyed objects.  Each thread keeps the VIs it
+     * used: a destroyed one is refused, by this thread and by another that
+     * used it, while the others they used still work. */
+    VIP_VI_HANDLE other;
+    CHECK_OK(VipCreateVi(nic, &va, NULL, NULL, &other));
+    VIP_DESCRIPTOR *nothing = NULL;
+    CHECK_RET(VIP_NOT_DONE, VipRecvDone(vi, &nothing));
+    CHECK_RET(VIP_NOT_DONE, VipRecvDone(other, &nothing));
+    struct two_vis pair = {vi, other, 0};
+    pthread_t user;
+    CHECK(pthread_create(&user, NULL, use_two_vis, &pair) == 0);
+    step_wait(&pair, 1);
     CHECK_OK(VipDestroyVi(vi));
     vi_calls_refuse(vi, ptag, desc, dp.mem.mh);
+    CHECK_RET(VIP_NOT_DONE, VipRecvDone(other, &nothing));
+    step_to(&pair, 2);
+    step_wait(&pair, 3);
+    CHECK_OK(VipDestroyVi(other));
+    step_to(&pair, 4);
+    CHECK(pthread_join(user, NULL) == 0);
+    CHECK_RET(VIP_INVALID_PARAMETER, VipRecvDone(other, &nothing));
     conn_calls_refuse(forged[1], vi);
     CHECK_OK(VipDestroyCQ(cq));
     cq_calls_refuse(cq);

@@ -13,7 +13,7 @@
 //! `SCAN_NAP` once its spin is over.
 
 use crate::counters::{Counter, StageTimer};
-use crate::handles::{forget_last, with_last, Handle, Kind, LastUsed};
+use crate::handles::{Handle, Kind, ThreadCache};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
 use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
 use crate::tuning::{tuning, CqMode};
@@ -66,8 +66,8 @@ pub struct Cq {
 }
 
 thread_local! {
-    /// The CQ this thread polled last ([`Cq::with`]).
-    static LAST_CQ: LastUsed<Cq> = const { std::cell::Cell::new(None) };
+    /// The CQs this thread polled recently ([`Cq::with`]).
+    static CQS: ThreadCache<Cq> = const { ThreadCache::new() };
 }
 
 /// CQ2: how long `VipCQWait` sleeps between scans once its spin is over.
@@ -108,11 +108,10 @@ impl Cq {
         provider().cqs.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
-    /// Runs `f` on the CQ of `handle`, the thread's last CQ if it is that
-    /// one (`handles::with_last`); a destroyed CQ is never used.
+    /// Runs `f` on the CQ of `handle`, through the thread's cache
+    /// ([`handles::Table::with`](crate::handles::Table::with)).
     pub fn with<R>(handle: Handle, f: impl FnOnce(&Arc<Cq>) -> ViaResult<R>) -> ViaResult<R> {
-        let live = |cq: &Cq| !cq.destroyed.load(Ordering::Acquire);
-        with_last(&LAST_CQ, handle, live, |h| provider().cqs.get(h), f).unwrap_or(Err(ViaError::InvalidParameter))
+        provider().cqs.with(&CQS, handle, f).unwrap_or(Err(ViaError::InvalidParameter))
     }
 
     /// `VipDestroyCQ`: only when no work queue uses it.
@@ -123,7 +122,6 @@ impl Cq {
         }
         provider().cqs.remove(handle);
         cq.destroyed.store(true, Ordering::Release);
-        forget_last(&LAST_CQ, handle);
         cq.nic.inbox.wake(cq.index);
         cq.nic.release_cq_slot(cq.index);
         Ok(())

@@ -8,6 +8,7 @@
 
 use parking_lot::RwLock;
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::LocalKey;
 
@@ -30,39 +31,31 @@ pub enum Kind {
 /// An opaque handle value.
 pub type Handle = u64;
 
-/// The object of one kind a thread used last.
-pub(crate) type LastUsed<T> = Cell<Option<(Handle, Arc<T>)>>;
+/// Entries of a thread's cache of one table, by the low bits of the handle's
+/// index (tables hand out low indices first).
+const CACHED: usize = 256;
 
-/// Runs `f` on the object of `handle`, from the thread's `last` if it is
-/// that object and still `live`, else looked up with `get`.  A thread that
-/// drives one VI or polls one CQ then looks nothing up and counts no
-/// references on the data path.  Handles are never reused, so a cached
-/// object is the handle's own.
-pub(crate) fn with_last<T, R>(
-    last: &'static LocalKey<LastUsed<T>>,
-    handle: Handle,
-    live: impl Fn(&T) -> bool,
-    get: impl FnOnce(Handle) -> Option<Arc<T>>,
-    f: impl FnOnce(&Arc<T>) -> R,
-) -> Option<R> {
-    last.with(|cell| {
-        // Taken out while `f` runs: a nested call looks its object up.
-        let object = match cell.take() {
-            Some((h, o)) if h == handle && live(&o) => o,
-            _ => get(handle)?,
-        };
-        let result = f(&object);
-        cell.set(Some((handle, object)));
-        Some(result)
-    })
+/// A cached object and its handle.
+type Cached<T> = (Handle, Arc<T>);
+
+/// The objects of one table a thread used recently ([`Table::with`]).
+pub(crate) struct ThreadCache<T> {
+    /// The table's removal count when the cache was last emptied.
+    epoch: Cell<u64>,
+    slots: [Cell<Option<Cached<T>>>; CACHED],
 }
 
-/// Forgets the thread's `last` object if it is `handle`.
-pub(crate) fn forget_last<T>(last: &'static LocalKey<LastUsed<T>>, handle: Handle) {
-    let _ = last.try_with(|cell| match cell.take() {
-        Some((h, _)) if h == handle => {}
-        other => cell.set(other),
-    });
+impl<T> ThreadCache<T> {
+    /// An empty cache, for a `thread_local!`.
+    pub(crate) const fn new() -> ThreadCache<T> {
+        ThreadCache { epoch: Cell::new(0), slots: [const { Cell::new(None) }; CACHED] }
+    }
+
+    fn empty(&self) {
+        for slot in &self.slots {
+            drop(slot.take());
+        }
+    }
 }
 
 struct Slot<T> {
@@ -75,6 +68,8 @@ pub struct Table<T> {
     kind: Kind,
     slots: Vec<RwLock<Slot<T>>>,
     free: parking_lot::Mutex<Vec<u32>>,
+    /// Objects removed so far: a thread cache older than this is emptied.
+    removed: AtomicU64,
 }
 
 impl<T> Table<T> {
@@ -84,6 +79,7 @@ impl<T> Table<T> {
             kind,
             slots: (0..capacity).map(|_| RwLock::new(Slot { generation: 0, object: None })).collect(),
             free: parking_lot::Mutex::new((0..capacity).rev().collect()),
+            removed: AtomicU64::new(0),
         }
     }
 
@@ -133,8 +129,45 @@ impl<T> Table<T> {
         };
         if object.is_some() {
             self.free.lock().push(index as u32);
+            self.removed.fetch_add(1, Ordering::Release);
         }
         object
+    }
+
+    /// Runs `f` on the object of a live handle, kept in the thread's `cache`
+    /// so that a thread driving many VIs, or polling a CQ, looks nothing up
+    /// and counts no references on the data path.  Removing any object of
+    /// the table empties every thread's cache at its next call, so a
+    /// removed object is never used; handles are never reused, so a cached
+    /// object is the handle's own.
+    pub(crate) fn with<R>(
+        &self,
+        cache: &'static LocalKey<ThreadCache<T>>,
+        handle: Handle,
+        f: impl FnOnce(&Arc<T>) -> R,
+    ) -> Option<R> {
+        cache.with(|cache| {
+            let removed = self.removed.load(Ordering::Acquire);
+            if cache.epoch.get() != removed {
+                cache.empty();
+                cache.epoch.set(removed);
+            }
+            let slot = &cache.slots[handle as usize % CACHED];
+            // Taken out while `f` runs: a nested call on it looks it up.
+            let object = match slot.take() {
+                Some((h, object)) if h == handle => object,
+                other => match self.get(handle) {
+                    Some(object) => object,
+                    None => {
+                        slot.set(other);
+                        return None;
+                    }
+                },
+            };
+            let result = f(&object);
+            slot.set(Some((handle, object)));
+            Some(result)
+        })
     }
 
     /// Every live object.
@@ -173,5 +206,42 @@ mod tests {
             table.insert(|_| Arc::new(0)).unwrap();
         }
         assert!(table.insert(|_| Arc::new(0)).is_none());
+    }
+
+    thread_local! {
+        static CACHE: ThreadCache<u32> = const { ThreadCache::new() };
+    }
+
+    #[test]
+    fn thread_cache_never_serves_a_removed_object() {
+        let table: Table<u32> = Table::new(Kind::Vi, 8);
+        let (a, first) = table.insert(|_| Arc::new(1)).unwrap();
+        let (b, _) = table.insert(|_| Arc::new(2)).unwrap();
+        assert_eq!(table.with(&CACHE, a, |o| **o), Some(1));
+        assert_eq!(table.with(&CACHE, b, |o| **o), Some(2));
+        // Cached: the table, the cache and `first`.
+        assert_eq!(Arc::strong_count(&first), 3);
+        table.remove(a);
+        assert_eq!(table.with(&CACHE, a, |o| **o), None);
+        assert_eq!(Arc::strong_count(&first), 1, "the cache let the removed object go");
+        assert_eq!(table.with(&CACHE, b, |o| **o), Some(2));
+        // Another thread's cache is emptied at its next call too.
+        let table = Arc::new(table);
+        let (c, third) = table.insert(|_| Arc::new(3)).unwrap();
+        let (used, removed) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert_eq!(table.with(&CACHE, c, |o| **o), Some(3));
+                used.wait();
+                removed.wait();
+                assert_eq!(table.with(&CACHE, c, |o| **o), None);
+                assert_eq!(table.with(&CACHE, b, |o| **o), Some(2));
+            });
+            used.wait();
+            assert_eq!(Arc::strong_count(&third), 3);
+            table.remove(c);
+            removed.wait();
+        });
+        assert_eq!(Arc::strong_count(&third), 1);
     }
 }

@@ -13,7 +13,7 @@ use crate::counters::{Counter, CounterRow};
 use crate::cq::{Cq, CqEntry};
 use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
-use crate::handles::{forget_last, with_last, Handle, LastUsed};
+use crate::handles::{Handle, ThreadCache};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
 use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
@@ -164,8 +164,8 @@ pub struct Vi {
 }
 
 thread_local! {
-    /// The VI this thread used last ([`Vi::with`]).
-    static LAST_VI: LastUsed<Vi> = const { std::cell::Cell::new(None) };
+    /// The VIs this thread used recently ([`Vi::with`]).
+    static VIS: ThreadCache<Vi> = const { ThreadCache::new() };
 }
 
 pub(crate) fn reliable(level: u16) -> bool {
@@ -231,16 +231,10 @@ impl Vi {
         provider().vis.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
-    /// Runs `f` on the VI of `handle`, the thread's last VI if it is that
-    /// one (`handles::with_last`); a destroyed VI is never used.
+    /// Runs `f` on the VI of `handle`, through the thread's cache
+    /// ([`handles::Table::with`](crate::handles::Table::with)).
     pub fn with<R>(handle: Handle, f: impl FnOnce(&Arc<Vi>) -> ViaResult<R>) -> ViaResult<R> {
-        let live = |vi: &Vi| !vi.destroyed.load(Ordering::Acquire);
-        with_last(&LAST_VI, handle, live, |h| provider().vis.get(h), f).unwrap_or(Err(ViaError::InvalidParameter))
-    }
-
-    /// Forgets this thread's last VI if it is `handle` (it is being destroyed).
-    fn forget(handle: Handle) {
-        forget_last(&LAST_VI, handle);
+        provider().vis.with(&VIS, handle, f).unwrap_or(Err(ViaError::InvalidParameter))
     }
 
     /// Destroys an idle VI.
@@ -255,7 +249,6 @@ impl Vi {
             provider().vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
         }
         vi.destroyed.store(true, Ordering::Release);
-        Vi::forget(handle);
         if let Some(engine) = &vi.nic.send_engine {
             engine.detach(&vi);
         }
