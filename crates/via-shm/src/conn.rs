@@ -8,8 +8,12 @@
 
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
+#[cfg(test)]
+use crate::layout::HOT;
 use crate::layout::{align_up, at, CacheLine};
 use crate::recv::CACHE_BYTES;
+#[cfg(test)]
+use crate::recv::ENTRY_BYTES;
 pub use crate::recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
 use crate::ring::RING_BYTES;
 pub use crate::ring::{
@@ -18,7 +22,7 @@ pub use crate::ring::{
 use crate::{SharedRegion, ShmError};
 
 /// Layout version stored in the header by the first side to attach.
-pub const CONN_VERSION: u32 = 1;
+pub const CONN_VERSION: u32 = 2;
 
 const HEADER_BYTES: usize = 4096;
 const DIR_BYTES: usize = align_up(RING_BYTES + CACHE_BYTES, 64);
@@ -264,16 +268,24 @@ mod tests {
     #[test]
     fn corrupt_counters_are_errors() {
         let (a, b) = pair();
-        // The A->B ring: head, tail, then slot 0 after the 256-byte control
-        // block, with inline_len at 24 and the stamp at 40.
-        let (head, tail, slot0) = (HEADER_BYTES, HEADER_BYTES + 64, HEADER_BYTES + 256);
+        // The A->B ring: head, tail, lapped, then hot slot 0 after the
+        // 320-byte control block, with inline_len at 24 and the stamp at 40.
+        let (head, tail, lapped, slot0) = (HEADER_BYTES, HEADER_BYTES + 64, HEADER_BYTES + 256, HEADER_BYTES + 320);
+        // A stamp that is no message's is not a message.
         word::<AtomicU64>(&a, slot0 + 40).store(77, Release);
+        assert!(b.rx().peek().unwrap().is_none());
+        // A message announced in the lap and stamped nowhere is corrupt.
+        word::<AtomicU64>(&a, lapped).store(1, Release);
         assert!(corrupt(b.rx().peek()));
+        word::<AtomicU64>(&a, lapped).store(u64::MAX / 4, Release);
+        assert!(corrupt(b.rx().peek()), "a message beyond the lap");
+        word::<AtomicU64>(&a, lapped).store(0, Release);
         word::<AtomicU64>(&a, slot0 + 40).store(0, Release);
         assert!(b.rx().peek().unwrap().is_none());
+        // The head is not how a message is found.
         word::<AtomicU64>(&a, head).store(u64::MAX / 2, Release);
         assert_eq!(b.rx().len(), RING_SLOTS);
-        assert!(b.rx().peek().unwrap().is_none(), "head is not how a message is found");
+        assert!(b.rx().peek().unwrap().is_none());
         b.rx().pop();
         // The producer reads the tail only once the slots it knows free run out.
         for i in 0..RING_SLOTS as u64 {
@@ -289,6 +301,37 @@ mod tests {
         word::<AtomicU32>(&a, slot0 + 24).store(0, Release);
         assert_eq!(recv(b.rx()).0.aux, 0);
         a.tx().push(&hdr(SLOT_SEND, 1024), &[]).unwrap();
+    }
+
+    #[test]
+    fn a_consumer_that_keeps_up_leaves_the_lap_untouched() {
+        let (a, b) = pair();
+        // Ping-pong on both the ring and the receive cache, then bursts of
+        // up to HOT - 1 messages: all in the hot slots and entries.
+        for burst in (1..HOT as u64).chain(std::iter::repeat_n(1, 3 * RING_SLOTS)) {
+            for i in 0..burst {
+                a.tx().push(&hdr(SLOT_SEND, i), &[&i.to_le_bytes()]).unwrap();
+                b.my_recvs().publish([RecvSeg { addr: i, len: 8 }]).unwrap();
+            }
+            for i in 0..burst {
+                assert_eq!(recv(b.rx()).1, i.to_le_bytes());
+                assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs()[0].addr, i);
+            }
+        }
+        let ring_lap = HEADER_BYTES + 320 + HOT * SLOT_BYTES;
+        let cache_lap = HEADER_BYTES + DIR_BYTES + RING_BYTES + 128 + HOT * ENTRY_BYTES;
+        for i in 0..RING_SLOTS {
+            assert_eq!(word::<AtomicU64>(&a, ring_lap + i * SLOT_BYTES + 40).load(Acquire), 0);
+            assert_eq!(word::<AtomicU64>(&a, cache_lap + i * ENTRY_BYTES).load(Acquire), 0);
+        }
+        // A consumer further behind finds the rest in the lap.
+        for i in 0..HOT as u64 + 5 {
+            a.tx().push(&hdr(SLOT_SEND, i), &[]).unwrap();
+        }
+        for i in 0..HOT as u64 + 5 {
+            assert_eq!(recv(b.rx()).0.aux, i);
+        }
+        assert!(b.rx().is_empty());
     }
 
     #[test]

@@ -28,3 +28,51 @@ pub(crate) const fn align_up(n: usize, align: usize) -> usize {
 pub(crate) unsafe fn at<'a, T>(base: *mut u8, offset: usize) -> &'a T {
     &*base.add(offset).cast::<T>()
 }
+
+/// Hot places in front of a ring's lap (and of a receive cache's).
+///
+/// Item `n` of a ring goes to hot place `n % HOT` while the consumer is
+/// fewer than `HOT` items behind, else to its place `n % lap` in the lap.
+/// A connection whose consumer keeps up, as in a ping-pong, so reuses a
+/// few cache lines and pages instead of sweeping the whole lap (over a
+/// megabyte per direction), which 128 connections could not keep in any
+/// cache.  Either place is free: everything before `n - HOT` (`n - lap`)
+/// has been consumed.
+pub(crate) const HOT: usize = 32;
+
+/// Where an item lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Index among the hot places.
+    Hot(usize),
+    /// Index in the lap.
+    Lap(usize),
+}
+
+impl Place {
+    /// Producer: where item `n` goes when everything before `consumed` has
+    /// been consumed; `None` when the ring holds `lap` items already.
+    pub(crate) fn for_item(n: u64, consumed: u64, lap: usize) -> Option<Place> {
+        let behind = n.wrapping_sub(consumed);
+        if behind < HOT as u64 {
+            Some(Place::Hot(n as usize % HOT))
+        } else if behind < lap as u64 {
+            Some(Place::Lap(n as usize % lap))
+        } else {
+            None
+        }
+    }
+
+    /// The two places item `n` may be in, the hot one first.
+    pub(crate) fn candidates(n: u64, lap: usize) -> [Place; 2] {
+        [Place::Hot(n as usize % HOT), Place::Lap(n as usize % lap)]
+    }
+
+    /// The place's index in an array of the `HOT` places followed by the lap.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Place::Hot(i) => i,
+            Place::Lap(i) => HOT + i,
+        }
+    }
+}

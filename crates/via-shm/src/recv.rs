@@ -8,15 +8,19 @@
 //! A sender that needs only a posted receive, not its buffers (an inline
 //! send, an immediate), takes it without reading the entry
 //! ([`RecvCache::take_seq`]).
+//!
+//! Entries are placed as a ring's messages are ([`Place`]): in a few hot
+//! entries while the sender keeps up, else in the lap of `RECV_ENTRIES`.
 
 use std::mem::size_of;
 use std::ptr::{self, addr_of, addr_of_mut, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use crate::layout::{align_up, at, CacheLine};
+use crate::layout::{align_up, at, CacheLine, Place, HOT};
 use crate::ShmError;
 
-/// Entries per cache; at least the deepest receive queue (1024).
+/// Receives a cache holds (the entries of its lap); at least the deepest
+/// receive queue (1024).
 pub const RECV_ENTRIES: usize = 1024;
 /// Most data segments of one receive descriptor.
 pub const MAX_SEGS: usize = 32;
@@ -65,16 +69,17 @@ struct RawSeg {
 
 #[repr(C)]
 struct RawEntry {
-    seq: u64,
+    /// The entry's sequence number + 1, so that no zeroed entry is one.
+    stamp: u64,
     nsegs: u32,
     _pad: u32,
     segs: [RawSeg; MAX_SEGS],
 }
 
 const CTL_BYTES: usize = size_of::<CacheCtl>();
-const ENTRY_BYTES: usize = align_up(size_of::<RawEntry>(), 64);
-/// Bytes of one cache in a segment.
-pub(crate) const CACHE_BYTES: usize = CTL_BYTES + RECV_ENTRIES * ENTRY_BYTES;
+pub(crate) const ENTRY_BYTES: usize = align_up(size_of::<RawEntry>(), 64);
+/// Bytes of one cache in a segment: the control block, the hot entries, the lap.
+pub(crate) const CACHE_BYTES: usize = CTL_BYTES + (HOT + RECV_ENTRIES) * ENTRY_BYTES;
 
 const _: () = assert!(RECV_ENTRIES.is_power_of_two());
 
@@ -90,6 +95,9 @@ pub struct RecvCache {
     /// The peer's count as last read and validated (`taken` on the
     /// publisher side, `published` on the taker side).
     seen: AtomicU64,
+    /// Publisher side: the count at which to look at `taken` again while
+    /// the taker is behind.
+    next_look: AtomicU64,
 }
 
 // SAFETY: `base` points into a mapping owned by the ConnSegment that owns
@@ -109,6 +117,7 @@ impl RecvCache {
             published: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             seen: AtomicU64::new(0),
+            next_look: AtomicU64::new(0),
         }
     }
 
@@ -117,10 +126,9 @@ impl RecvCache {
         unsafe { at(self.base.as_ptr(), 0) }
     }
 
-    fn entry(&self, counter: u64) -> *mut RawEntry {
-        let i = counter as usize & (RECV_ENTRIES - 1);
-        // SAFETY: i < RECV_ENTRIES, so the entry is inside the cache.
-        unsafe { self.base.as_ptr().add(CTL_BYTES + i * ENTRY_BYTES).cast() }
+    fn entry(&self, place: Place) -> *mut RawEntry {
+        // SAFETY: a place indexes the HOT + RECV_ENTRIES entries after the control block.
+        unsafe { self.base.as_ptr().add(CTL_BYTES + place.index() * ENTRY_BYTES).cast() }
     }
 
     /// Receiver side: publishes one posted receive; returns its sequence
@@ -138,20 +146,23 @@ impl RecvCache {
         let ctl = self.ctl();
         let seq = self.published.load(Relaxed);
         let seen = self.seen.load(Relaxed);
-        if seq.wrapping_sub(seen) >= RECV_ENTRIES as u64 {
+        let behind = seq.wrapping_sub(seen);
+        // As a ring's producer: look at `taken` when the hot entries known
+        // to be free run out, and while the taker stays behind, once per HOT.
+        if behind >= RECV_ENTRIES as u64 || (behind >= HOT as u64 && seq >= self.next_look.load(Relaxed)) {
             let taken = ctl.taken.load(Acquire);
-            if taken.wrapping_sub(seen) > seq.wrapping_sub(seen) {
+            if taken.wrapping_sub(seen) > behind {
                 return Err(ShmError::Corrupt("receive cache taken"));
             }
             self.seen.store(taken, Relaxed);
-            if seq.wrapping_sub(taken) == RECV_ENTRIES as u64 {
-                return Err(ShmError::Full);
-            }
+            let behind = seq.wrapping_sub(taken) >= HOT as u64;
+            self.next_look.store(if behind { seq.wrapping_add(HOT as u64) } else { seq }, Relaxed);
         }
-        let e = self.entry(seq);
+        let place = Place::for_item(seq, self.seen.load(Relaxed), RECV_ENTRIES).ok_or(ShmError::Full)?;
+        let e = self.entry(place);
         // SAFETY: `e` is an entry inside the cache; at most MAX_SEGS are written.
         unsafe {
-            addr_of_mut!((*e).seq).write_volatile(seq);
+            addr_of_mut!((*e).stamp).write_volatile(seq.wrapping_add(1));
             let mut n = 0;
             for (i, s) in segs.take(MAX_SEGS).enumerate() {
                 let raw = addr_of_mut!((*e).segs[i]);
@@ -208,14 +219,20 @@ impl RecvCache {
         let Some(seq) = self.next()? else {
             return Ok(None);
         };
-        let e = self.entry(seq);
+        // SAFETY: entries inside the cache; `seq` is a plain integer.
+        let holds = |e: *mut RawEntry| unsafe { addr_of!((*e).stamp).read_volatile() } == seq.wrapping_add(1);
+        let [hot, lap] = Place::candidates(seq, RECV_ENTRIES).map(|place| self.entry(place));
+        let e = if holds(hot) {
+            hot
+        } else if holds(lap) {
+            lap
+        } else {
+            return Err(ShmError::Corrupt("receive entry sequence"));
+        };
         let mut out = RecvEntry { seq, segs: [RecvSeg::default(); MAX_SEGS], nsegs: 0, total: 0 };
         // SAFETY: `e` is an entry inside the cache; fields are plain integers
         // and the segment index is bounded by MAX_SEGS before use.
         unsafe {
-            if addr_of!((*e).seq).read_volatile() != seq {
-                return Err(ShmError::Corrupt("receive entry sequence"));
-            }
             out.nsegs = addr_of!((*e).nsegs).read_volatile();
             if out.nsegs as usize > MAX_SEGS {
                 return Err(ShmError::Corrupt("receive entry segment count"));

@@ -2,16 +2,21 @@
 //! connection segment: one direction of a connection.
 //!
 //! `head` (written by the producer) and `tail` (written by the consumer) are
-//! monotonically increasing u64 counters; slot `i` is reused every
-//! `RING_SLOTS` messages.  Each side keeps its own counter in process memory
-//! and only trusts that copy; the peer's counter is validated on every read.
+//! monotonically increasing u64 counters.  Each side keeps its own counter
+//! in process memory and only trusts that copy; the peer's counter is
+//! validated on every read.
+//!
+//! Message `n` goes to hot slot `n % HOT` while the consumer keeps up, else
+//! to slot `n % RING_SLOTS` of the lap ([`Place`]): a connection in
+//! ping-pong reuses a few slots that stay in cache.
 //!
 //! A message moves in one cache line when it is small: the consumer polls
-//! the *stamp* at the end of the slot's header (message number + 1, written
-//! last), and the first payload bytes share that line.  Neither side reads
-//! the other's counter on the way: the producer looks at `tail` only when
-//! the slots it knows to be free run out, and the consumer never reads
-//! `head` to find a message.
+//! the *stamp* at the end of the hot slot's header (message number + 1,
+//! written last), and the first payload bytes share that line.  Neither
+//! side reads the other's counter on the way: the producer looks at `tail`
+//! only when the hot slots it knows to be free run out, and the consumer
+//! never reads `head`: when the hot slot has nothing, it looks at `lapped`,
+//! which only a message put in the lap changes.
 
 use std::mem::size_of;
 use std::ptr::{self, NonNull};
@@ -19,10 +24,11 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use crate::futex::{futex_wait, futex_wake};
-use crate::layout::{at, CacheLine};
+use crate::layout::{at, CacheLine, Place, HOT};
 use crate::ShmError;
 
-/// Slots per ring; at least the deepest receive queue (1024).
+/// Messages a ring holds (the slots of its lap); at least the deepest
+/// receive queue (1024).
 pub const RING_SLOTS: usize = 1024;
 /// Bytes per slot: a 64-byte header and `INLINE_MAX` payload bytes.
 pub const SLOT_BYTES: usize = 1088;
@@ -73,11 +79,14 @@ struct RingCtl {
     sleeping: CacheLine<AtomicU32>,
     /// Bumped by the producer on every push; the consumer sleeps on it.
     futex: CacheLine<AtomicU32>,
+    /// The number + 1 of the last message put in the lap, written after
+    /// its stamp.
+    lapped: CacheLine<AtomicU64>,
 }
 
 const CTL_BYTES: usize = size_of::<RingCtl>();
-/// Bytes of one ring in a segment.
-pub(crate) const RING_BYTES: usize = CTL_BYTES + RING_SLOTS * SLOT_BYTES;
+/// Bytes of one ring in a segment: the control block, the hot slots, the lap.
+pub(crate) const RING_BYTES: usize = CTL_BYTES + (HOT + RING_SLOTS) * SLOT_BYTES;
 
 const _: () = assert!(RING_SLOTS.is_power_of_two());
 const _: () = assert!(SLOT_BYTES.is_multiple_of(64) && SLOT_BYTES >= SLOT_HEADER_BYTES + INLINE_MAX);
@@ -94,8 +103,13 @@ pub struct Ring {
     tail: AtomicU64,
     /// Producer side: the consumer's tail as last read (validated).
     seen_tail: AtomicU64,
+    /// Producer side: the head at which to look at the tail again while
+    /// the consumer is behind.
+    next_look: AtomicU64,
     /// `inline_len` of the slot validated by the last `peek`.
     peeked: AtomicU32,
+    /// Where that slot is ([`Place::index`]).
+    peeked_at: AtomicU32,
 }
 
 // SAFETY: `base` points into a mapping owned by the ConnSegment that owns
@@ -115,7 +129,9 @@ impl Ring {
             head: AtomicU64::new(0),
             tail: AtomicU64::new(0),
             seen_tail: AtomicU64::new(0),
+            next_look: AtomicU64::new(0),
             peeked: AtomicU32::new(NOT_PEEKED),
+            peeked_at: AtomicU32::new(0),
         }
     }
 
@@ -124,30 +140,35 @@ impl Ring {
         unsafe { at(self.base.as_ptr(), 0) }
     }
 
-    fn slot(&self, counter: u64) -> *mut u8 {
-        let i = counter as usize & (RING_SLOTS - 1);
-        // SAFETY: i < RING_SLOTS, so the slot is inside the ring.
-        unsafe { self.base.as_ptr().add(CTL_BYTES + i * SLOT_BYTES) }
+    fn slot(&self, place: Place) -> *mut u8 {
+        // SAFETY: a place indexes the HOT + RING_SLOTS slots after the control block.
+        unsafe { self.base.as_ptr().add(CTL_BYTES + place.index() * SLOT_BYTES) }
     }
 
-    fn stamp(&self, counter: u64) -> &AtomicU64 {
+    fn stamp(&self, place: Place) -> &AtomicU64 {
         // SAFETY: the stamp is an aligned u64 inside the slot.
-        unsafe { at(self.slot(counter), STAMP_OFFSET) }
+        unsafe { at(self.slot(place), STAMP_OFFSET) }
     }
 
-    /// Consumer side: whether slot `tail` holds the next message.  A stamp
-    /// that is neither this lap's nor the previous lap's is corrupt.
-    fn ready(&self, tail: u64) -> Result<bool, ShmError> {
-        let stamp = self.stamp(tail).load(Acquire);
-        if stamp == tail.wrapping_add(1) {
-            return Ok(true);
+    /// Consumer side: where message `tail` is, `None` if it has not come.
+    /// A message announced by `lapped` with no slot of its stamp is corrupt.
+    fn ready(&self, tail: u64) -> Result<Option<Place>, ShmError> {
+        let stamped = |place: Place| self.stamp(place).load(Acquire) == tail.wrapping_add(1);
+        let [hot, lap] = Place::candidates(tail, RING_SLOTS);
+        if stamped(hot) {
+            return Ok(Some(hot));
         }
-        let previous = if tail < RING_SLOTS as u64 { 0 } else { tail.wrapping_add(1).wrapping_sub(RING_SLOTS as u64) };
-        if stamp == previous {
-            Ok(false)
-        } else {
-            Err(ShmError::Corrupt("slot stamp"))
+        // Has the producer put this message, or a later one, in the lap?
+        let ahead = self.ctl().lapped.load(Acquire).wrapping_sub(tail);
+        if ahead == 0 || ahead > u64::MAX / 2 {
+            return Ok(None);
         }
+        if ahead > RING_SLOTS as u64 {
+            return Err(ShmError::Corrupt("ring lapped"));
+        }
+        // The release of `lapped` covers the stamps of every message before it.
+        let place = [hot, lap].into_iter().find(|&place| stamped(place)).ok_or(ShmError::Corrupt("slot stamp"))?;
+        Ok(Some(place))
     }
 
     /// Producer side: copies `hdr` and the gathered `payload` (at most
@@ -164,18 +185,22 @@ impl Ring {
             .ok_or(ShmError::TooSmall)?;
         let ctl = self.ctl();
         let head = self.head.load(Relaxed);
-        if head.wrapping_sub(self.seen_tail.load(Relaxed)) >= RING_SLOTS as u64 {
-            // The slots known to be free ran out: look at the consumer's tail.
+        let seen = self.seen_tail.load(Relaxed);
+        let behind = head.wrapping_sub(seen);
+        // The hot slots known to be free ran out: look at the consumer's
+        // tail, and while it stays behind, once per HOT messages only.
+        if behind >= RING_SLOTS as u64 || (behind >= HOT as u64 && head >= self.next_look.load(Relaxed)) {
             let tail = ctl.tail.load(Acquire);
-            if tail.wrapping_sub(self.seen_tail.load(Relaxed)) > head.wrapping_sub(self.seen_tail.load(Relaxed)) {
+            if tail.wrapping_sub(seen) > behind {
                 return Err(ShmError::Corrupt("ring tail"));
             }
             self.seen_tail.store(tail, Relaxed);
-            if head.wrapping_sub(tail) == RING_SLOTS as u64 {
-                return Err(ShmError::Full);
-            }
+            // Still behind: the lap it is, for the next HOT messages.
+            let behind = head.wrapping_sub(tail) >= HOT as u64;
+            self.next_look.store(if behind { head.wrapping_add(HOT as u64) } else { head }, Relaxed);
         }
-        let slot = self.slot(head);
+        let place = Place::for_item(head, self.seen_tail.load(Relaxed), RING_SLOTS).ok_or(ShmError::Full)?;
+        let slot = self.slot(place);
         let hdr = SlotHeader { inline_len: total as u32, ..*hdr };
         // SAFETY: the slot has room for the header and INLINE_MAX >= total bytes.
         unsafe {
@@ -187,9 +212,12 @@ impl Ring {
             }
         }
         let next = head.wrapping_add(1);
-        self.stamp(head).store(next, Release);
+        self.stamp(place).store(next, Release);
         self.head.store(next, Relaxed);
         ctl.head.store(next, Release);
+        if let Place::Lap(_) = place {
+            ctl.lapped.store(next, Release);
+        }
         // Pairs with the fence in `wait`: either we see the sleeper or it sees the stamp.
         fence(SeqCst);
         if ctl.sleeping.load(SeqCst) != 0 {
@@ -203,15 +231,16 @@ impl Ring {
     /// consuming it; `None` when the ring is empty.
     pub fn peek(&self) -> Result<Option<SlotHeader>, ShmError> {
         let tail = self.tail.load(Relaxed);
-        if !self.ready(tail)? {
+        let Some(place) = self.ready(tail)? else {
             return Ok(None);
-        }
+        };
         // SAFETY: the slot is inside the ring; any bit pattern is a valid header.
-        let hdr = unsafe { ptr::read_volatile(self.slot(tail).cast::<SlotHeader>()) };
+        let hdr = unsafe { ptr::read_volatile(self.slot(place).cast::<SlotHeader>()) };
         if hdr.inline_len as usize > INLINE_MAX {
             return Err(ShmError::Corrupt("slot inline length"));
         }
         self.peeked.store(hdr.inline_len, Relaxed);
+        self.peeked_at.store(place.index() as u32, Relaxed);
         Ok(Some(hdr))
     }
 
@@ -226,7 +255,7 @@ impl Ring {
         // `len` was validated by peek; the shared copy may have changed since.
         let mut left = len as usize;
         // SAFETY: the payload area of the slot holds INLINE_MAX >= left bytes.
-        let mut src = unsafe { self.slot(self.tail.load(Relaxed)).add(SLOT_HEADER_BYTES) };
+        let mut src = unsafe { self.peeked_slot().add(SLOT_HEADER_BYTES) };
         let mut copied = 0;
         for d in dst.iter_mut() {
             let n = d.len().min(left);
@@ -239,6 +268,12 @@ impl Ring {
             copied += n;
         }
         copied
+    }
+
+    fn peeked_slot(&self) -> *mut u8 {
+        let index = (self.peeked_at.load(Relaxed) as usize).min(HOT + RING_SLOTS - 1);
+        // SAFETY: index < HOT + RING_SLOTS: a slot after the control block.
+        unsafe { self.base.as_ptr().add(CTL_BYTES + index * SLOT_BYTES) }
     }
 
     /// Consumer side: consumes the slot returned by `peek` (no-op if none).
@@ -278,7 +313,7 @@ impl Ring {
         ctl.sleeping.fetch_add(1, SeqCst);
         fence(SeqCst);
         let seq = ctl.futex.load(SeqCst);
-        if !self.ready(self.tail.load(Relaxed)).unwrap_or(true) {
+        if matches!(self.ready(self.tail.load(Relaxed)), Ok(None)) {
             futex_wait(&ctl.futex, seq, timeout);
         }
         ctl.sleeping.fetch_sub(1, SeqCst);
