@@ -9,6 +9,11 @@
  * checks status, length, immediate data and bytes, and echoes it back; the
  * client checks the echo the same way.  Each side posts the receive for the
  * next message before it sends, so a receive is always waiting.
+ *
+ * Then a full queue: the server posts 1024 receives, the client sends 1024
+ * messages before the server completes any, and the server checks them all,
+ * twice over; most wait in the lap of the ring and of the receive cache
+ * rather than in their few hot slots.
  */
 #include "vt.h"
 
@@ -185,12 +190,67 @@ static void client(vt_end *e)
     printf("    %zu messages, %zu bytes each way, %.0f ms\n", n, bytes, vt_now_ms() - t0);
 }
 
+/* A full queue: DEEP receives posted, DEEP messages sent before any is
+ * completed.  Sizes cycle through inline and cross-memory-attach lengths. */
+#define DEEP 1024
+#define DEEP_SLOT 2048
+#define DEEP_ROUNDS 2
+
+static size_t deep_len(size_t m) { return m % 5 == 4 ? DEEP_SLOT : (m * 37) % 200; }
+static uint32_t deep_seed(size_t round, size_t m) { return (uint32_t)(round * 7919 + m * 31 + 1); }
+
+static void deep_server(vt_end *e)
+{
+    for (size_t round = 0; round < DEEP_ROUNDS; round++) {
+        for (size_t m = 0; m < DEEP; m++) {
+            VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, m);
+            vt_desc_recv(d, e->buf.base + m * DEEP_SLOT, e->buf.mh, DEEP_SLOT, 1);
+            CHECK_OK(VipPostRecv(e->vi, d, e->descs.mem.mh));
+        }
+        vt_sync(e->fd, 10 + round);
+        /* Every message has been sent before the first is completed. */
+        vt_sync(e->fd, 20 + round);
+        for (size_t m = 0; m < DEEP; m++) {
+            VIP_DESCRIPTOR *got = vt_recv_done(e->vi);
+            CHECK_PTR(vt_dpool_get(&e->descs, m), got);
+            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, got);
+            CHECK_EQ(deep_len(m), got->CS.Length);
+            CHECK_PATTERN(e->buf.base + m * DEEP_SLOT, deep_len(m), deep_seed(round, m));
+        }
+        VIP_DESCRIPTOR *none;
+        CHECK_RET(VIP_NOT_DONE, VipRecvDone(e->vi, &none));
+    }
+}
+
+static void deep_client(vt_end *e)
+{
+    for (size_t round = 0; round < DEEP_ROUNDS; round++) {
+        vt_sync(e->fd, 10 + round);
+        for (size_t m = 0; m < DEEP; m++) {
+            VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, m);
+            VIP_UINT8 *data = e->buf.base + m * DEEP_SLOT;
+            vt_fill(data, deep_len(m), deep_seed(round, m));
+            vt_desc_send(d, VIP_CONTROL_OP_SENDRECV, 0, data, e->buf.mh, deep_len(m), 1);
+            CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+        }
+        for (size_t m = 0; m < DEEP; m++) {
+            VIP_DESCRIPTOR *got = vt_send_done(e->vi);
+            CHECK_PTR(vt_dpool_get(&e->descs, m), got);
+            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, got);
+        }
+        vt_sync(e->fd, 20 + round);
+    }
+    printf("    %d rounds of %d messages sent before any was received\n", DEEP_ROUNDS, DEEP);
+}
+
 #define CONF(lvl) {.level = (lvl), .buf_size = 3 * MTU, .ndesc = 4, .maxseg = 32}
 
 static const vt_scenario scenarios[] = {
     {"sendrecv", CONF(VIP_SERVICE_UNRELIABLE), client, server},
     {"sendrecv", CONF(VIP_SERVICE_RELIABLE_DELIVERY), client, server},
     {"sendrecv", CONF(VIP_SERVICE_RELIABLE_RECEPTION), client, server},
+    {"deep", {.level = VIP_SERVICE_RELIABLE_DELIVERY, .buf_size = DEEP * DEEP_SLOT, .ndesc = DEEP, .maxseg = 1},
+     deep_client, deep_server},
 };
 
 int main(void)
