@@ -1,6 +1,9 @@
 //! Helpers for laying out structures inside a shared mapping.
 
 use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::ShmError;
 
 /// A value alone on its own 64-byte cache line, so that words written by
 /// different processes never share a line.
@@ -74,5 +77,47 @@ impl Place {
             Place::Hot(i) => i,
             Place::Lap(i) => HOT + i,
         }
+    }
+}
+
+/// A producer's view of how far its consumer has got, and where its next
+/// item goes: shared by the rings and the receive caches.
+pub(crate) struct Consumed {
+    /// The consumer's count as last read and validated.
+    seen: AtomicU64,
+    /// The producer's count at which to look again while the consumer is behind.
+    next_look: AtomicU64,
+}
+
+impl Consumed {
+    pub(crate) const fn new() -> Consumed {
+        Consumed { seen: AtomicU64::new(0), next_look: AtomicU64::new(0) }
+    }
+
+    /// Where item `n` of a ring with `lap` places goes.  The consumer's
+    /// count is read (`read`) only when the hot places known to be free ran
+    /// out, and while the consumer stays behind, once per `HOT` items.
+    /// Errors: `Corrupt(what)` when that count is impossible, `Full` when
+    /// the consumer is `lap` behind.
+    pub(crate) fn place(
+        &self,
+        n: u64,
+        lap: usize,
+        read: impl FnOnce() -> u64,
+        what: &'static str,
+    ) -> Result<Place, ShmError> {
+        let seen = self.seen.load(Relaxed);
+        let behind = n.wrapping_sub(seen);
+        if behind >= lap as u64 || (behind >= HOT as u64 && n >= self.next_look.load(Relaxed)) {
+            let consumed = read();
+            if consumed.wrapping_sub(seen) > behind {
+                return Err(ShmError::Corrupt(what));
+            }
+            self.seen.store(consumed, Relaxed);
+            // Still behind: the lap it is, for the next HOT items.
+            let still_behind = n.wrapping_sub(consumed) >= HOT as u64;
+            self.next_look.store(if still_behind { n.wrapping_add(HOT as u64) } else { n }, Relaxed);
+        }
+        Place::for_item(n, self.seen.load(Relaxed), lap).ok_or(ShmError::Full)
     }
 }

@@ -16,7 +16,7 @@ use std::mem::size_of;
 use std::ptr::{self, addr_of, addr_of_mut, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use crate::layout::{align_up, at, CacheLine, Place, HOT};
+use crate::layout::{align_up, at, CacheLine, Consumed, Place, HOT};
 use crate::ShmError;
 
 /// Receives a cache holds (the entries of its lap); at least the deepest
@@ -92,12 +92,10 @@ pub struct RecvCache {
     published: AtomicU64,
     /// The taker's own count.
     taken: AtomicU64,
-    /// The peer's count as last read and validated (`taken` on the
-    /// publisher side, `published` on the taker side).
+    /// Taker side: the publisher's count as last read and validated.
     seen: AtomicU64,
-    /// Publisher side: the count at which to look at `taken` again while
-    /// the taker is behind.
-    next_look: AtomicU64,
+    /// Publisher side: the taker's count as last read.
+    consumed: Consumed,
 }
 
 // SAFETY: `base` points into a mapping owned by the ConnSegment that owns
@@ -117,7 +115,7 @@ impl RecvCache {
             published: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             seen: AtomicU64::new(0),
-            next_look: AtomicU64::new(0),
+            consumed: Consumed::new(),
         }
     }
 
@@ -145,20 +143,7 @@ impl RecvCache {
         }
         let ctl = self.ctl();
         let seq = self.published.load(Relaxed);
-        let seen = self.seen.load(Relaxed);
-        let behind = seq.wrapping_sub(seen);
-        // As a ring's producer: look at `taken` when the hot entries known
-        // to be free run out, and while the taker stays behind, once per HOT.
-        if behind >= RECV_ENTRIES as u64 || (behind >= HOT as u64 && seq >= self.next_look.load(Relaxed)) {
-            let taken = ctl.taken.load(Acquire);
-            if taken.wrapping_sub(seen) > behind {
-                return Err(ShmError::Corrupt("receive cache taken"));
-            }
-            self.seen.store(taken, Relaxed);
-            let behind = seq.wrapping_sub(taken) >= HOT as u64;
-            self.next_look.store(if behind { seq.wrapping_add(HOT as u64) } else { seq }, Relaxed);
-        }
-        let place = Place::for_item(seq, self.seen.load(Relaxed), RECV_ENTRIES).ok_or(ShmError::Full)?;
+        let place = self.consumed.place(seq, RECV_ENTRIES, || ctl.taken.load(Acquire), "receive cache taken")?;
         let e = self.entry(place);
         // SAFETY: `e` is an entry inside the cache; at most MAX_SEGS are written.
         unsafe {

@@ -24,7 +24,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use crate::futex::{futex_wait, futex_wake};
-use crate::layout::{at, CacheLine, Place, HOT};
+use crate::layout::{at, CacheLine, Consumed, Place, HOT};
 use crate::ShmError;
 
 /// Messages a ring holds (the slots of its lap); at least the deepest
@@ -101,11 +101,8 @@ pub struct Ring {
     head: AtomicU64,
     /// The consumer's own tail.
     tail: AtomicU64,
-    /// Producer side: the consumer's tail as last read (validated).
-    seen_tail: AtomicU64,
-    /// Producer side: the head at which to look at the tail again while
-    /// the consumer is behind.
-    next_look: AtomicU64,
+    /// Producer side: the consumer's tail as last read.
+    consumed: Consumed,
     /// `inline_len` of the slot validated by the last `peek`.
     peeked: AtomicU32,
     /// Where that slot is ([`Place::index`]).
@@ -128,8 +125,7 @@ impl Ring {
             producer,
             head: AtomicU64::new(0),
             tail: AtomicU64::new(0),
-            seen_tail: AtomicU64::new(0),
-            next_look: AtomicU64::new(0),
+            consumed: Consumed::new(),
             peeked: AtomicU32::new(NOT_PEEKED),
             peeked_at: AtomicU32::new(0),
         }
@@ -185,21 +181,7 @@ impl Ring {
             .ok_or(ShmError::TooSmall)?;
         let ctl = self.ctl();
         let head = self.head.load(Relaxed);
-        let seen = self.seen_tail.load(Relaxed);
-        let behind = head.wrapping_sub(seen);
-        // The hot slots known to be free ran out: look at the consumer's
-        // tail, and while it stays behind, once per HOT messages only.
-        if behind >= RING_SLOTS as u64 || (behind >= HOT as u64 && head >= self.next_look.load(Relaxed)) {
-            let tail = ctl.tail.load(Acquire);
-            if tail.wrapping_sub(seen) > behind {
-                return Err(ShmError::Corrupt("ring tail"));
-            }
-            self.seen_tail.store(tail, Relaxed);
-            // Still behind: the lap it is, for the next HOT messages.
-            let behind = head.wrapping_sub(tail) >= HOT as u64;
-            self.next_look.store(if behind { head.wrapping_add(HOT as u64) } else { head }, Relaxed);
-        }
-        let place = Place::for_item(head, self.seen_tail.load(Relaxed), RING_SLOTS).ok_or(ShmError::Full)?;
+        let place = self.consumed.place(head, RING_SLOTS, || ctl.tail.load(Acquire), "ring tail")?;
         let slot = self.slot(place);
         let hdr = SlotHeader { inline_len: total as u32, ..*hdr };
         // SAFETY: the slot has room for the header and INLINE_MAX >= total bytes.
