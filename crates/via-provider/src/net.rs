@@ -224,6 +224,7 @@ impl NetPort {
                 batch: Batch::new(tuning().recv_batch, buffer, gro),
                 peers: Vec::new(),
                 polls: 0,
+                owed: Vec::new(),
             }),
             counters: nic.counters.clone(),
             handover: Handover::default(),
@@ -350,46 +351,58 @@ impl NetPort {
             drop(w);
             engine.peers.retain(|s| Arc::strong_count(s) > 1);
         }
+        let mut busy = false;
         for s in &engine.peers {
-            self.drain(&mut engine.batch, s.fd());
+            busy |= self.drain(&mut engine.batch, &mut engine.owed, s.fd());
         }
         engine.polls = engine.polls.wrapping_add(1);
         if everything || engine.peers.is_empty() || engine.polls % UNCONNECTED_EVERY == 0 {
-            self.drain(&mut engine.batch, self.socket.as_raw_fd());
+            busy |= self.drain(&mut engine.batch, &mut engine.owed, self.socket.as_raw_fd());
+        }
+        // Idle: the data that came has been put where it belongs, so now
+        // is the time to acknowledge it (a reply may have done so already).
+        if !busy && !engine.owed.is_empty() {
+            for id in engine.owed.drain(..) {
+                if let Some(vi) = self.vis.read().get(&id).and_then(Weak::upgrade) {
+                    vi.send_owed_ack();
+                }
+            }
         }
         true
     }
 
     /// Reads one socket: a datagram, and if more seem to follow (a long
-    /// message, coalesced datagrams), batches until it is empty.
-    fn drain(&self, batch: &mut Batch, fd: RawFd) {
+    /// message, coalesced datagrams), batches until it is empty.  Returns
+    /// whether anything came.
+    fn drain(&self, batch: &mut Batch, owed: &mut Vec<u32>, fd: RawFd) -> bool {
         if !batch.receive_one(fd) {
-            return;
+            return false;
         }
-        self.received(batch, 1);
+        self.received(batch, owed, 1);
         if !batch.more_likely(0, HEADER_LEN + self.segment) {
-            return;
+            return true;
         }
         while let Some(n) = batch.receive(fd) {
-            self.received(batch, n);
+            self.received(batch, owed, n);
             if n < batch.lens.len() {
                 break;
             }
         }
+        true
     }
 
     /// Hands the first `n` buffers of `batch` to their VIs.
-    fn received(&self, batch: &Batch, n: usize) {
+    fn received(&self, batch: &Batch, owed: &mut Vec<u32>, n: usize) {
         let coalesced = batch.segments[..n].iter().zip(&batch.lens).filter(|(&s, &len)| s > 0 && len > s).count();
         if coalesced > 0 {
             self.gro_buffers.fetch_add(coalesced as u64, Ordering::Relaxed);
         }
-        self.dispatch(batch, n);
+        self.dispatch(batch, owed, n);
     }
 
     /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
     /// together, so that one acknowledgement can answer several.
-    fn dispatch(&self, batch: &Batch, n: usize) {
+    fn dispatch(&self, batch: &Batch, owed: &mut Vec<u32>, n: usize) {
         let mut run: Vec<(Header, &[u8])> = Vec::new();
         let mut run_vi = None;
         for datagram in batch.datagrams(n) {
@@ -402,16 +415,16 @@ impl NetPort {
                 }
             };
             if run_vi != Some(header.dst_vi) {
-                self.deliver(run_vi, &run);
+                self.deliver(run_vi, &run, owed);
                 run.clear();
                 run_vi = Some(header.dst_vi);
             }
             run.push((header, &datagram[HEADER_LEN..]));
         }
-        self.deliver(run_vi, &run);
+        self.deliver(run_vi, &run, owed);
     }
 
-    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])]) {
+    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])], owed: &mut Vec<u32>) {
         let Some(id) = vi else { return };
         if packets.is_empty() {
             return;
@@ -420,7 +433,9 @@ impl NetPort {
         match target {
             Some(vi) => {
                 self.counters.add(Counter::PacketsReceived, packets.len() as u64);
-                vi.net_input(packets);
+                if vi.net_input(packets) && !owed.contains(&id) {
+                    owed.push(id);
+                }
             }
             None => {
                 tracing::debug!(vi = id, "packets for an unknown VI");
@@ -517,6 +532,9 @@ struct Engine {
     /// Polls so far: the unconnected socket is drained every
     /// `UNCONNECTED_EVERY`, since connected peers do not send to it.
     polls: u32,
+    /// VIs whose sessions hold back an acknowledgement until a poll finds
+    /// the sockets empty.
+    owed: Vec<u32>,
 }
 
 /// How often an application's poll drains the unconnected socket as well
@@ -899,6 +917,17 @@ impl NetState {
 
     /// [`NetState::flush`] at `now`, for a caller that has just read the clock.
     pub fn flush_at(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>) {
+        self.flush_with(link, now, events, false);
+    }
+
+    /// [`NetState::flush_at`] for a receiver with more input to take: an
+    /// acknowledgement that may wait is held (`Session::poll_transmit_busy`)
+    /// until the port is idle or a reply carries it.
+    pub fn flush_busy(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>) {
+        self.flush_with(link, now, events, true);
+    }
+
+    fn flush_with(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>, busy: bool) {
         let port = &*link.port;
         let send = |packets: &[OutPacket]| port.send_all(link.peer, link.connected.as_deref(), packets);
         let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
@@ -910,7 +939,8 @@ impl NetState {
             SEND_BATCH
         };
         let mut n = 0;
-        while let Some(t) = self.session.poll_transmit(now) {
+        let next = |s: &mut Session| if busy { s.poll_transmit_busy(now) } else { s.poll_transmit(now) };
+        while let Some(t) = next(&mut self.session) {
             if n == self.out.len() {
                 self.out.push(OutPacket::new(size));
             }

@@ -120,11 +120,13 @@ impl Vi {
         events
     }
 
-    /// Packets for this VI arrived.
-    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])]) {
-        let Some(link) = self.net.lock().clone() else { return };
+    /// Packets for this VI arrived.  Returns whether the session owes an
+    /// acknowledgement it held back: the port sends it when it finds its
+    /// sockets empty (`Vi::send_owed_ack`), unless a reply carried it first.
+    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])]) -> bool {
+        let Some(link) = self.net.lock().clone() else { return false };
         let mut events = Vec::new();
-        {
+        let owed = {
             let mut st = link.state.lock();
             let now = std::time::Instant::now();
             for &(ref header, payload) in packets {
@@ -135,7 +137,26 @@ impl Vi {
                 }
                 st.take_events(&mut events);
             }
-            st.flush_at(&link, now, &mut events);
+            st.flush_busy(&link, now, &mut events);
+            st.session.ack_owed()
+        };
+        if !events.is_empty() {
+            self.apply_net(&link, events);
+        }
+        owed
+    }
+
+    /// Sends the acknowledgement `net_input` held back, if no packet has
+    /// carried it since.
+    pub(crate) fn send_owed_ack(&self) {
+        let Some(link) = self.net.lock().clone() else { return };
+        let mut events = Vec::new();
+        {
+            let mut st = link.state.lock();
+            if !st.session.ack_owed() {
+                return;
+            }
+            st.flush(&link, &mut events);
         }
         if !events.is_empty() {
             self.apply_net(&link, events);

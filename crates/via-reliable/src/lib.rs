@@ -422,7 +422,12 @@ pub struct Session {
     // Acknowledgements.
     unacked: u32,
     ack_deadline: Option<Instant>,
+    /// An acknowledgement must go out with the next transmission.
     ack_now: bool,
+    /// `ack_every` packets are unacknowledged: an acknowledgement is owed,
+    /// but a receiver with more input to take may hold it until it is idle
+    /// (`poll_transmit_busy`), and a reply that goes first carries it.
+    ack_owed: bool,
 
     // Liveness.
     last_heard: Instant,
@@ -469,6 +474,7 @@ impl Session {
             unacked: 0,
             ack_deadline: None,
             ack_now: false,
+            ack_owed: false,
             last_heard: now,
             last_probe: None,
             keepalive_due: false,
@@ -508,6 +514,26 @@ impl Session {
     /// retransmissions, new data within the window, a KEEPALIVE, or a pure
     /// ACK when one is due.  Every packet carries the current ack and sack.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        self.transmit(now, true)
+    }
+
+    /// [`Session::poll_transmit`] for a receiver that has more input to
+    /// take: an acknowledgement that is merely owed (every `ack_every`
+    /// packets) waits for a later `poll_transmit`, or rides on the next
+    /// data packet, so that the receiver puts the data it has before it
+    /// spends a send on acknowledging it.  Urgent acknowledgements (a hole,
+    /// a duplicate, a probe, a quarter of the window unacknowledged) still go.
+    pub fn poll_transmit_busy(&mut self, now: Instant) -> Option<Transmit> {
+        self.transmit(now, false)
+    }
+
+    /// Whether an acknowledgement is owed that [`Session::poll_transmit_busy`]
+    /// held back.
+    pub fn ack_owed(&self) -> bool {
+        self.ack_owed && !self.closed
+    }
+
+    fn transmit(&mut self, now: Instant, owed_too: bool) -> Option<Transmit> {
         if self.closed {
             return self.control.take().map(|c| self.control_packet(c));
         }
@@ -526,7 +552,7 @@ impl Session {
         if self.ack_deadline.is_some_and(|d| d <= now) {
             self.ack_now = true;
         }
-        if self.ack_now {
+        if self.ack_now || (owed_too && self.ack_owed) {
             let h = self.header(Kind::Ack, 0, 0);
             self.stats.acks_sent += 1;
             return Some(self.emit(h, None));
@@ -756,6 +782,7 @@ impl Session {
         self.unacked = 0;
         self.ack_deadline = None;
         self.ack_now = false;
+        self.ack_owed = false;
         self.stats.packets_sent += 1;
         Transmit { header, payload }
     }
@@ -1065,10 +1092,15 @@ impl Session {
             filled = true;
         }
         self.unacked += 1;
-        if filled || self.unacked >= self.config.ack_every.max(1) {
+        let every = self.config.ack_every.max(1);
+        if filled || self.unacked >= every.max(self.window / 4) {
+            // A sender must never wait for the window to open.
             self.ack_now = true;
-        } else if self.ack_deadline.is_none() {
-            self.ack_deadline = now.checked_add(self.config.ack_delay);
+        } else {
+            self.ack_owed |= self.unacked >= every;
+            if self.ack_deadline.is_none() {
+                self.ack_deadline = now.checked_add(self.config.ack_delay);
+            }
         }
         Some(Segment::of(h))
     }
@@ -1196,6 +1228,7 @@ impl Session {
         self.assembly = None;
         self.rx = None;
         self.ack_now = false;
+        self.ack_owed = false;
         self.ack_deadline = None;
         self.keepalive_due = false;
     }

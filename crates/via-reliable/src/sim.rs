@@ -311,13 +311,16 @@ impl Sim {
     }
 
     /// Moves time to `to` (never backwards) and runs what is due: arrivals
-    /// in order, then timers.  Each input is followed by a flush.
+    /// in order, then timers.  Each input is followed by a flush, which
+    /// holds owed acknowledgements while more arrivals are due (as a
+    /// receiver with more input to take does) and sends them once none are.
     pub fn advance(&mut self, to: Instant) {
         self.now = self.now.max(to);
         while self.queue.peek().is_some_and(|f| f.0.at <= self.now) {
             let Reverse(f) = self.queue.pop().expect("peeked");
             self.arrive(f);
-            self.flush();
+            let busy = self.queue.peek().is_some_and(|f| f.0.at <= self.now);
+            self.flush_as(busy);
         }
         for i in 0..2 {
             if self.sessions[i].poll_timeout().is_some_and(|t| t <= self.now) {
@@ -329,8 +332,17 @@ impl Sim {
 
     /// Takes every packet and event the sessions have ready.
     pub fn flush(&mut self) {
+        self.flush_as(false);
+    }
+
+    /// [`Sim::flush`]; `busy`: more input is due, so owed acknowledgements wait.
+    fn flush_as(&mut self, busy: bool) {
         for i in 0..2 {
-            while let Some(t) = self.sessions[i].poll_transmit(self.now) {
+            while let Some(t) = if busy {
+                self.sessions[i].poll_transmit_busy(self.now)
+            } else {
+                self.sessions[i].poll_transmit(self.now)
+            } {
                 let payload = match t.payload {
                     None => Vec::new(),
                     Some(r) => match self.payloads[i].get(&r.token) {

@@ -185,6 +185,60 @@ fn the_window_limits_packets_in_flight() {
 }
 
 #[test]
+fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
+    let t0 = Instant::now();
+    let config = Config { window: 16, max_payload: 100, ..Config::default() };
+    let (mut a, mut b) = pair(config.clone(), t0);
+    a.send(msg(1, 1000)).unwrap();
+    let packets = drain(&mut a, t0);
+    assert_eq!(packets.len(), 10);
+
+    // Two packets reach ack_every: the ACK is owed, and a busy receiver holds it.
+    for t in &packets[..2] {
+        deliver(&mut b, t0, t);
+    }
+    assert!(b.ack_owed());
+    assert!(b.poll_transmit_busy(t0).is_none());
+    // Idle, it sends it.
+    let ack = b.poll_transmit(t0).expect("the owed ACK");
+    assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 3));
+    assert!(!b.ack_owed());
+    assert!(b.poll_transmit(t0).is_none());
+
+    // A quarter of the window (4 packets) unacknowledged is urgent even when busy.
+    for t in &packets[2..5] {
+        deliver(&mut b, t0, t);
+        assert!(b.poll_transmit_busy(t0).is_none(), "held at seq {}", t.header.seq);
+    }
+    deliver(&mut b, t0, &packets[5]);
+    let ack = b.poll_transmit_busy(t0).expect("an urgent ACK");
+    assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 7));
+
+    // The rest of the message: a reply carries the owed ACK, no pure ACK goes.
+    for t in &packets[6..] {
+        deliver(&mut b, t0, t);
+    }
+    assert!(b.ack_owed());
+    b.send(msg(2, 50)).unwrap();
+    let reply: Vec<_> = std::iter::from_fn(|| b.poll_transmit_busy(t0)).collect();
+    assert_eq!(reply.len(), 1);
+    assert_eq!((reply[0].header.kind, reply[0].header.ack), (Kind::Data, 11));
+    assert!(!b.ack_owed());
+
+    // Held and forgotten, the ACK still goes when the delay runs out.
+    let (mut a, mut b) = pair(config.clone(), t0);
+    a.send(msg(3, 200)).unwrap();
+    for t in &drain(&mut a, t0) {
+        deliver(&mut b, t0, t);
+    }
+    assert!(b.poll_transmit_busy(t0).is_none());
+    assert_eq!(b.poll_timeout(), Some(t0 + config.ack_delay));
+    b.handle_timeout(t0 + config.ack_delay);
+    let ack = b.poll_transmit_busy(t0 + config.ack_delay).expect("the delayed ACK");
+    assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 3));
+}
+
+#[test]
 fn sack_spares_received_packets_from_retransmission() {
     let t0 = Instant::now();
     let config = Config { max_payload: 10, ..Config::default() };
