@@ -174,3 +174,31 @@ fn several_vis_on_one_cq() {
     let labels = check_rows(&report);
     assert!(labels.contains(&"via-send/pingpong/poll/vis8".to_string()), "{labels:?}");
 }
+
+#[test]
+fn bare_udp_blocks_in_offload_buffers_arrive_whole() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("raw-udp-gso");
+    // 1400-byte datagrams on loopback: blocks above one datagram leave as
+    // segmentation-offload buffers and arrive coalesced; streams and
+    // bursts let coalesced datagrams run on into the next block.
+    let report = run.viabench(&[
+        "--mode",
+        "raw-udp",
+        "--segment",
+        "1400",
+        "--pattern",
+        "pingpong,stream,burst:5",
+        "--sizes",
+        "1,1400,1401,100003",
+        "--trials",
+        "1",
+        "--min-time",
+        "0.001",
+    ]);
+    let labels = check_rows(&report);
+    assert_eq!(labels.len(), 3, "{labels:?}");
+    for t in report["tests"].as_array().unwrap() {
+        assert_eq!(t["rows"].as_array().unwrap().len(), 4, "{}", t["label"]);
+    }
+}

@@ -1,6 +1,9 @@
 //! A bare UDP ping-pong: blocks cut into datagrams of the path's payload
 //! size, no header, no reliability.  The floor under the UDP transport of
 //! openvia; a lost datagram fails the run instead of being retransmitted.
+//! Like openvia's transport, it hands the kernel up to 64 datagrams at once
+//! as a segmentation-offload buffer (`UDP_SEGMENT`) and takes them coalesced
+//! (`UDP_GRO`) where the kernel allows, so its throughput is the floor too.
 
 use super::{udp_payload, Deadline, Link, LinkServer, LinkStats, Pending, Side};
 use crate::error::{Error, Result};
@@ -13,6 +16,13 @@ use std::time::Duration;
 
 /// Largest UDP payload.
 const MAX_DATAGRAM: usize = 65507;
+/// Largest read: a buffer of coalesced datagrams (`UDP_GRO`).
+const MAX_READ: usize = 65535;
+/// Most datagrams in one segmentation-offload buffer.
+const GSO_MAX_SEGMENTS: usize = 64;
+/// `UDP_SEGMENT` and `UDP_GRO` of linux/udp.h.
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
 
 /// A UDP socket connected to the peer's.
 pub struct UdpLink {
@@ -22,6 +32,12 @@ pub struct UdpLink {
     payload: usize,
     bufs: [Vec<u8>; 3],
     rbuf: Vec<u8>,
+    /// Bytes of the next block that arrived coalesced with the last one,
+    /// at `rbuf[carry_at..]`.
+    carry: usize,
+    carry_at: usize,
+    /// Whether sends may use `UDP_SEGMENT` (until the kernel refuses it).
+    gso: bool,
     kept: usize,
     messages: u64,
 }
@@ -38,13 +54,17 @@ impl UdpLink {
         }
         let payload = spec.segment.map(|s| s as usize).unwrap_or_else(|| udp_payload(&spec.device)).min(MAX_DATAGRAM);
         let cap = spec.max_block.max(ACK_BYTES);
+        set_option(&sock, UDP_GRO, 1);
         Ok(UdpLink {
             sock,
             wait: spec.wait,
             timeout,
             payload,
             bufs: [vec![0; cap], vec![0; cap], vec![0; cap]],
-            rbuf: vec![0; cap + MAX_DATAGRAM],
+            rbuf: vec![0; cap + MAX_READ],
+            carry: 0,
+            carry_at: 0,
+            gso: true,
             kept: 0,
             messages: 0,
         })
@@ -61,6 +81,50 @@ impl UdpLink {
         Ok(())
     }
 }
+
+fn set_option(sock: &UdpSocket, option: libc::c_int, value: libc::c_int) -> bool {
+    // SAFETY: setsockopt with an int option on our socket.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            option,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// Sends `data` as datagrams of `segment` bytes in one segmentation-offload
+/// buffer.
+fn send_segmented(sock: &UdpSocket, data: &[u8], segment: u16) -> std::io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
+    let mut control = [0u64; 3];
+    // SAFETY: a zeroed msghdr is valid; it points at `iov` and `control`,
+    // which outlive the call, and CMSG_SPACE of a u16 (24 bytes) fits `control`.
+    let r = unsafe {
+        let mut h: libc::msghdr = std::mem::zeroed();
+        h.msg_iov = &mut iov;
+        h.msg_iovlen = 1;
+        h.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        h.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) as _;
+        let c = libc::CMSG_FIRSTHDR(&h);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segment);
+        libc::sendmsg(sock.as_raw_fd(), &h, 0)
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// What `sendmsg` answers when the kernel or device cannot take a
+/// segmentation-offload buffer.
+const GSO_REFUSED: [i32; 5] = [libc::EIO, libc::EINVAL, libc::EMSGSIZE, libc::EOPNOTSUPP, libc::ENOPROTOOPT];
 
 /// Socket buffers big enough for a burst of a few MiB.
 fn grow_buffers(sock: &UdpSocket) {
@@ -96,12 +160,25 @@ impl Link for UdpLink {
         let deadline = Deadline::after(self.timeout);
         let mut off = 0;
         let mut spins = 0u32;
+        let per_buffer = GSO_MAX_SEGMENTS.min(MAX_DATAGRAM / self.payload).max(1);
         while off < len {
-            let l = (len - off).min(self.payload);
-            match self.sock.send(&self.bufs[which as usize][off..off + l]) {
+            let datagrams = ((len - off).div_ceil(self.payload)).min(if self.gso { per_buffer } else { 1 });
+            let l = (len - off).min(self.payload * datagrams);
+            let data = &self.bufs[which as usize][off..off + l];
+            let sent = if datagrams > 1 {
+                send_segmented(&self.sock, data, self.payload as u16)
+            } else {
+                self.sock.send(data)
+            };
+            match sent {
                 Ok(_) => {
                     off += l;
-                    self.messages += 1;
+                    self.messages += datagrams as u64;
+                }
+                // A kernel or device without segmentation offload: one
+                // datagram per call from now on.
+                Err(e) if datagrams > 1 && e.raw_os_error().is_some_and(|c| GSO_REFUSED.contains(&c)) => {
+                    self.gso = false;
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
                     spins = spins.wrapping_add(1);
@@ -117,10 +194,12 @@ impl Link for UdpLink {
 
     fn recv(&mut self, len: usize, keep: bool) -> Result<()> {
         let deadline = Deadline::after(self.timeout);
-        let mut got = 0;
+        // Datagrams of this block that came coalesced with the last one's.
+        self.rbuf.copy_within(self.carry_at..self.carry_at + self.carry, 0);
+        let mut got = std::mem::take(&mut self.carry);
         let mut spins = 0u32;
         while got < len {
-            match self.sock.recv(&mut self.rbuf[got..got + MAX_DATAGRAM]) {
+            match self.sock.recv(&mut self.rbuf[got..got + MAX_READ]) {
                 Ok(n) => got += n,
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted | ErrorKind::TimedOut) => {
                     spins = spins.wrapping_add(1);
@@ -131,8 +210,9 @@ impl Link for UdpLink {
                 Err(e) => return Err(e.into()),
             }
         }
-        if got != len {
-            return Err(Error::new(format!("received {got} bytes for a {len}-byte block")));
+        if got > len {
+            // Coalesced datagrams ran on into the next block (streams).
+            (self.carry, self.carry_at) = (got - len, len);
         }
         if keep {
             self.kept = len;
@@ -171,5 +251,44 @@ impl LinkServer for UdpLink {
     fn complete(mut self: Box<Self>, peer: &PeerInfo, peer_ip: IpAddr) -> Result<Box<dyn Link>> {
         self.connect_to(SocketAddr::new(peer_ip, peer.port))?;
         Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datagrams_coalesced_past_a_block_begin_the_next() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(set_option(&sock, UDP_GRO, 1), "UDP_GRO refused");
+        sock.set_nonblocking(true).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect(sock.local_addr().unwrap()).unwrap();
+        let mut rx = UdpLink {
+            sock,
+            wait: Wait::Poll,
+            timeout: Duration::from_secs(5),
+            payload: 1000,
+            bufs: [vec![], vec![], vec![]],
+            rbuf: vec![0; 2000 + MAX_READ],
+            carry: 0,
+            carry_at: 0,
+            gso: true,
+            kept: 0,
+            messages: 0,
+        };
+        // Two 2000-byte blocks in one offload buffer of four datagrams: the
+        // loopback hands them to the socket coalesced, in one read.
+        let mut data = vec![0u8; 4000];
+        pattern::fill(1, &mut data[..2000]);
+        pattern::fill(2, &mut data[2000..]);
+        assert_eq!(send_segmented(&tx, &data, 1000).unwrap(), 4000);
+        rx.recv(2000, true).unwrap();
+        assert_eq!(rx.carry, 2000, "the second block came in the same read");
+        rx.verify(1, 2000).unwrap();
+        rx.recv(2000, true).unwrap();
+        assert_eq!(rx.carry, 0);
+        rx.verify(2, 2000).unwrap();
     }
 }
