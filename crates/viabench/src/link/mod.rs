@@ -230,6 +230,30 @@ pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
     }
 }
 
+/// Sets an `int` socket option.
+pub fn set_int_option(
+    socket: &impl std::os::fd::AsRawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
+    // SAFETY: an open socket and an int option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            option,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The interface behind a VIA device name: `/dev/via_eth0` is `eth0`.
 pub fn interface_of(device: &str) -> &str {
     let name = device.strip_prefix("/dev/").unwrap_or(device);

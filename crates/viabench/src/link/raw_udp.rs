@@ -5,7 +5,7 @@
 //! as a segmentation-offload buffer (`UDP_SEGMENT`) and takes them coalesced
 //! (`UDP_GRO`) where the kernel allows, so its throughput is the floor too.
 
-use super::{udp_payload, Deadline, Link, LinkServer, LinkStats, Pending, Side};
+use super::{set_int_option, udp_payload, Deadline, Link, LinkServer, LinkStats, Pending, Side};
 use crate::error::{Error, Result};
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
@@ -54,7 +54,8 @@ impl UdpLink {
         }
         let payload = spec.segment.map(|s| s as usize).unwrap_or_else(|| udp_payload(&spec.device)).min(MAX_DATAGRAM);
         let cap = spec.max_block.max(ACK_BYTES);
-        set_option(&sock, UDP_GRO, 1);
+        // Coalesced receives where the kernel has them; single datagrams otherwise.
+        let _ = set_int_option(&sock, libc::SOL_UDP, UDP_GRO, 1);
         Ok(UdpLink {
             sock,
             wait: spec.wait,
@@ -79,19 +80,6 @@ impl UdpLink {
     pub fn connect_to(&mut self, peer: SocketAddr) -> Result<()> {
         self.sock.connect(peer)?;
         Ok(())
-    }
-}
-
-fn set_option(sock: &UdpSocket, option: libc::c_int, value: libc::c_int) -> bool {
-    // SAFETY: setsockopt with an int option on our socket.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_UDP,
-            option,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
     }
 }
 
@@ -130,20 +118,8 @@ const GSO_REFUSED: [i32; 5] = [libc::EIO, libc::EINVAL, libc::EMSGSIZE, libc::EO
 fn grow_buffers(sock: &UdpSocket) {
     let bytes: libc::c_int = 16 << 20;
     for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
-        let set = |opt| {
-            // SAFETY: setsockopt with an int option on our socket.
-            unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &bytes as *const libc::c_int as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            }
-        };
-        if set(force) != 0 {
-            set(plain);
+        if set_int_option(sock, libc::SOL_SOCKET, force, bytes).is_err() {
+            let _ = set_int_option(sock, libc::SOL_SOCKET, plain, bytes);
         }
     }
 }
@@ -261,7 +237,7 @@ mod tests {
     #[test]
     fn datagrams_coalesced_past_a_block_begin_the_next() {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        assert!(set_option(&sock, UDP_GRO, 1), "UDP_GRO refused");
+        set_int_option(&sock, libc::SOL_UDP, UDP_GRO, 1).expect("UDP_GRO");
         sock.set_nonblocking(true).unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         tx.connect(sock.local_addr().unwrap()).unwrap();

@@ -2,7 +2,7 @@
 //! `--wait poll` spins on a non-blocking socket, `--wait block` sleeps in
 //! `recv`.
 
-use super::{Deadline, Link, LinkServer, LinkStats, Pending, Side};
+use super::{set_int_option, Deadline, Link, LinkServer, LinkStats, Pending, Side};
 use crate::error::{Error, Result};
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
@@ -174,23 +174,9 @@ impl Link for TcpLink {
 fn set_buffers(socket: &impl AsRawFd, bytes: u32) -> Result<()> {
     let value = bytes.min(i32::MAX as u32 / 2) as libc::c_int;
     for (force, plain) in [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)] {
-        let set = |option| {
-            // SAFETY: an open socket and an int option value of the right size.
-            unsafe {
-                libc::setsockopt(
-                    socket.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    option,
-                    &value as *const libc::c_int as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            }
-        };
-        if set(force) != 0 && set(plain) != 0 {
-            return Err(Error::new(format!(
-                "setting TCP socket buffers to {bytes}: {}",
-                std::io::Error::last_os_error()
-            )));
+        let set = |option| set_int_option(socket, libc::SOL_SOCKET, option, value);
+        if set(force).is_err() {
+            set(plain).map_err(|e| Error::new(format!("setting TCP socket buffers to {bytes}: {e}")))?;
         }
     }
     Ok(())
