@@ -18,7 +18,7 @@
 //! own.  `VIA_GSO=0` turns both off.
 
 use crate::counters::{Counter, Counters};
-use crate::net_send::{send_groups, OutPacket, GSO_MAX_SEGMENTS, UDP_SEGMENT};
+use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UDP_SEGMENT};
 use crate::nic::Nic;
 use crate::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::tuning::tuning;
@@ -487,7 +487,7 @@ impl NetPort {
     /// port's socket connected to `to`) if there is one, with as few system
     /// calls as possible: one `sendmmsg`, whose messages each carry a run of
     /// equal-size packets as one GSO buffer where the port may use GSO.
-    fn send_all(&self, to: SocketAddr, connected: Option<&PeerSocket>, packets: &[OutPacket]) {
+    fn send_all(&self, to: SocketAddr, connected: Option<&PeerSocket>, packets: &OutPackets) {
         let (to, headers) = self.destination(to);
         let addr = socket_addr(to);
         let (fd, addr) = match connected {
@@ -496,14 +496,14 @@ impl NetPort {
         };
         // A GSO segment must fit the MTU whole (the kernel refuses it otherwise).
         let max_segment = if self.gso.load(Ordering::Relaxed) { self.mtu.saturating_sub(headers) } else { 0 };
-        let (mut sent, refused) = self.send_groups(fd, addr, packets, max_segment);
+        let (mut sent, refused) = self.send_groups(fd, addr, packets.from(0), max_segment);
         if let Some(at) = refused {
             // This socket cannot send GSO buffers (a device without checksum
             // offload, an old kernel): from now on, one datagram per message.
             if self.gso.swap(false, Ordering::Relaxed) {
                 tracing::info!("UDP segmentation offload refused on this port; sending datagrams one by one");
             }
-            sent = at + self.send_groups(fd, addr, &packets[at..], 0).0;
+            sent = at + self.send_groups(fd, addr, packets.from(at), 0).0;
         }
         self.counters.add(Counter::PacketsSent, sent as u64);
     }
@@ -513,7 +513,7 @@ impl NetPort {
         &self,
         fd: RawFd,
         addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>,
-        packets: &[OutPacket],
+        packets: Packets<'_>,
         max_segment: usize,
     ) -> (usize, Option<usize>) {
         let out = send_groups(fd, addr, packets, max_segment);
@@ -874,7 +874,7 @@ pub(crate) struct NetState {
     pub session: Session,
     pub outbound: Outbound,
     /// Packets built for one `sendmmsg`.
-    out: Vec<OutPacket>,
+    out: OutPackets,
     /// The session's counters when last added to the NIC's.
     seen: via_reliable::Stats,
 }
@@ -896,7 +896,7 @@ impl NetLink {
             state: Mutex::new(NetState {
                 session: Session::new(config, local, remote, Instant::now()),
                 outbound: Outbound::default(),
-                out: Vec::new(),
+                out: OutPackets::default(),
                 seen: Default::default(),
             }),
         }
@@ -929,31 +929,27 @@ impl NetState {
 
     fn flush_with(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>, busy: bool) {
         let port = &*link.port;
-        let send = |packets: &[OutPacket]| port.send_all(link.peer, link.connected.as_deref(), packets);
+        let send = |packets: &OutPackets| port.send_all(link.peer, link.connected.as_deref(), packets);
         let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
         // With GSO each GSO buffer goes as soon as it is full, so the peer
         // starts on it while the next is built; without, a batch of datagrams.
         let batch = if port.gso.load(Ordering::Relaxed) {
-            (MAX_DATAGRAM / size).clamp(1, GSO_MAX_SEGMENTS)
+            (GSO_MAX_BYTES / size).clamp(1, GSO_MAX_SEGMENTS)
         } else {
             SEND_BATCH
         };
-        let mut n = 0;
         let next = |s: &mut Session| if busy { s.poll_transmit_busy(now) } else { s.poll_transmit(now) };
+        self.out.clear();
         while let Some(t) = next(&mut self.session) {
-            if n == self.out.len() {
-                self.out.push(OutPacket::new(size));
-            }
             let gather = t.payload.and_then(|p| self.outbound.get(p.token));
-            self.out[n].build(&t, gather);
-            n += 1;
-            if n == batch {
-                send(&self.out[..n]);
-                n = 0;
+            self.out.push(&t, gather);
+            if self.out.len() == batch {
+                send(&self.out);
+                self.out.clear();
             }
         }
-        if n > 0 {
-            send(&self.out[..n]);
+        if !self.out.is_empty() {
+            send(&self.out);
         }
         let stats = self.session.stats();
         port.counters.add(Counter::Retransmits, stats.retransmits - self.seen.retransmits);
@@ -1206,10 +1202,13 @@ mod tests {
         let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let mut batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
         let datagrams: Vec<Vec<u8>> = (0..30u8).map(|i| vec![i; if i == 29 { 333 } else { 1000 }]).collect();
-        let packets: Vec<OutPacket> = datagrams.iter().map(|d| OutPacket::copied(d)).collect();
+        let mut packets = OutPackets::default();
+        for d in &datagrams {
+            packets.push_bytes(d);
+        }
         let addr = socket_addr(rx.local_addr().unwrap());
         let max_segment = if kernel_has_gso(&tx) { 1472 } else { 0 };
-        let sent = send_groups(tx.as_raw_fd(), Some(&addr), &packets, max_segment);
+        let sent = send_groups(tx.as_raw_fd(), Some(&addr), packets.from(0), max_segment);
         if sent.refused.is_some() {
             eprintln!("the kernel refused GSO on loopback: {sent:?}");
             return;
@@ -1231,8 +1230,9 @@ mod tests {
             assert_eq!(coalesced, 1);
         }
         // A single packet goes on its own.
-        let one = [OutPacket::copied(&[7u8; 80])];
-        assert_eq!(send_groups(tx.as_raw_fd(), Some(&addr), &one, max_segment).packets, 1);
+        let mut one = OutPackets::default();
+        one.push_bytes(&[7u8; 80]);
+        assert_eq!(send_groups(tx.as_raw_fd(), Some(&addr), one.from(0), max_segment).packets, 1);
         let mut got = Vec::new();
         while got.is_empty() && Instant::now() < deadline {
             if let Some(n) = batch.receive(rx.as_raw_fd()) {

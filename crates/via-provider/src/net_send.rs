@@ -1,12 +1,12 @@
-//! Outgoing packets of the UDP transport: built with their payload left in
-//! the application's registered buffers, and sent with as few system calls
-//! as possible, runs of equal-size packets as one GSO buffer.
+//! Outgoing packets of the UDP transport: built back to back in one buffer,
+//! and sent with as few system calls as possible, runs of equal-size
+//! packets as one GSO buffer.
 //!
-//! A packet is its header, in a buffer of its own, and an iovec per piece of
-//! payload, pointing into the buffers the descriptor gathers from: the
-//! kernel copies the bytes once, straight from where the application put
-//! them.  Short payloads, and payloads in more pieces than a packet
-//! carries, are copied after the header instead.
+//! A packet's payload is copied from the application's registered buffers
+//! right after its header, and the checksum is computed over the copy while
+//! it is in the cache.  A GSO buffer is then one contiguous iovec: the
+//! kernel copies it in long runs, where an iovec per header and per payload
+//! piece cost it more than the copy they avoided.
 
 use crate::net::{Gather, MAX_DATAGRAM};
 use std::os::fd::RawFd;
@@ -18,103 +18,98 @@ pub(crate) const UDP_SEGMENT: libc::c_int = 103;
 /// Most segments the kernel takes in one GSO send (`UDP_MAX_SEGMENTS` of
 /// older kernels; newer ones take 128).
 pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
-/// Payloads up to this many bytes are copied after the header: cheaper
-/// than a second iovec, and a small message leaves as one buffer.
-const COPY_BELOW: usize = 512;
-/// Most payload pieces a packet points at; a payload in more is copied.
-const MAX_PIECES: usize = 4;
+/// Most bytes of packets in one GSO buffer.  A device takes a GSO buffer
+/// whole only up to 64 KiB with its link, IP and UDP headers; a longer one
+/// the kernel cuts into datagrams in software, several times slower.
+pub(crate) const GSO_MAX_BYTES: usize = 65536 - 64;
 
-/// One packet built for sending.
-pub(crate) struct OutPacket {
-    /// The header, and room for a payload copied after it.
-    buf: Vec<u8>,
-    /// Bytes of the packet, header included.
-    len: usize,
-    /// The payload where it lies (address, length); none when it is in `buf`.
-    pieces: [(u64, usize); MAX_PIECES],
-    npieces: usize,
+/// Packets built for sending, back to back in one buffer.
+#[derive(Default)]
+pub(crate) struct OutPackets {
+    /// The packets, then room left from earlier batches.
+    bytes: Vec<u8>,
+    /// Where each packet ends in `bytes`.
+    ends: Vec<usize>,
 }
 
-impl OutPacket {
-    /// An empty packet of up to `size` bytes.
-    pub(crate) fn new(size: usize) -> OutPacket {
-        OutPacket { buf: vec![0; size.max(HEADER_LEN)], len: 0, pieces: [(0, 0); MAX_PIECES], npieces: 0 }
+impl OutPackets {
+    /// Forgets the packets, keeping the buffer.
+    pub(crate) fn clear(&mut self) {
+        self.ends.clear();
     }
 
-    /// A packet whose bytes are all in its buffer.
+    /// How many packets there are.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The packets from the `at`th on.
+    pub(crate) fn from(&self, at: usize) -> Packets<'_> {
+        let start = at.checked_sub(1).map_or(0, |i| self.ends[i]);
+        Packets { bytes: &self.bytes, start, ends: &self.ends[at..] }
+    }
+
+    /// Builds `t` after the packets there are: its payload copied from
+    /// `gather` (zeros for a message that is gone: the peer has
+    /// acknowledged it already), then the checksum.
+    pub(crate) fn push(&mut self, t: &Transmit, gather: Option<&Gather>) {
+        let plen = t.payload.map_or(0, |p| p.len as usize).min(MAX_DATAGRAM - HEADER_LEN);
+        let packet = self.grow(HEADER_LEN + plen);
+        t.header.emit(packet, plen);
+        match (t.payload, gather) {
+            (Some(p), Some(gather)) => gather_bytes(gather, p.offset as u64, &mut packet[HEADER_LEN..]),
+            _ => packet[HEADER_LEN..].fill(0),
+        }
+        via_wire::finish(packet);
+    }
+
+    /// A packet of exactly `bytes`.
     #[cfg(test)]
-    pub(crate) fn copied(bytes: &[u8]) -> OutPacket {
-        let mut p = OutPacket::new(bytes.len());
-        p.buf[..bytes.len()].copy_from_slice(bytes);
-        p.len = bytes.len();
-        p
+    pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
+        self.grow(bytes.len()).copy_from_slice(bytes);
     }
 
-    /// Builds `t`, its payload from `gather` (a message that is gone sends
-    /// zeros; the peer has acknowledged it already), and fills the checksum.
-    pub(crate) fn build(&mut self, t: &Transmit, gather: Option<&Gather>) {
-        let plen = t.payload.map_or(0, |p| p.len as usize).min(self.buf.len() - HEADER_LEN);
-        t.header.emit(&mut self.buf, plen);
-        self.len = HEADER_LEN + plen;
-        self.npieces = 0;
-        let (Some(p), Some(gather)) = (t.payload, gather) else {
-            self.buf[HEADER_LEN..self.len].fill(0);
-            via_wire::finish(&mut self.buf[..self.len]);
-            return;
-        };
-        if plen >= COPY_BELOW {
-            if let Some(n) = pieces(gather, p.offset as u64, plen, &mut self.pieces) {
-                self.npieces = n;
-                // SAFETY: the buffers were validated against the registry when
-                // posted and stay registered until the descriptor completes.
-                let payload =
-                    self.pieces[..n].iter().map(|&(a, l)| unsafe { std::slice::from_raw_parts(a as *const u8, l) });
-                via_wire::finish_split(&mut self.buf[..HEADER_LEN], payload);
-                return;
-            }
+    /// Room for one more packet of `len` bytes.
+    fn grow(&mut self, len: usize) -> &mut [u8] {
+        let start = self.ends.last().copied().unwrap_or(0);
+        let end = start + len;
+        if self.bytes.len() < end {
+            // Zeroed once; later batches overwrite it.
+            self.bytes.resize(end.max(2 * self.bytes.len()), 0);
         }
-        gather_bytes(gather, p.offset as u64, &mut self.buf[HEADER_LEN..self.len]);
-        via_wire::finish(&mut self.buf[..self.len]);
-    }
-
-    /// The packet's iovecs: the header (with the payload when it was
-    /// copied), then the payload's pieces; and how many of them there are.
-    fn iovecs(&self) -> ([libc::iovec; 1 + MAX_PIECES], usize) {
-        let empty = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
-        let mut iov = [empty; 1 + MAX_PIECES];
-        let head = if self.npieces == 0 { self.len } else { HEADER_LEN };
-        iov[0] = libc::iovec { iov_base: self.buf.as_ptr() as *mut libc::c_void, iov_len: head };
-        for (v, &(addr, len)) in iov[1..].iter_mut().zip(&self.pieces[..self.npieces]) {
-            *v = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
-        }
-        (iov, 1 + self.npieces)
+        self.ends.push(end);
+        &mut self.bytes[start..end]
     }
 }
 
-/// The pieces of `gather` that hold bytes `offset..offset + len`, into
-/// `out`; `None` if there are more than `out` holds or the buffers end first.
-fn pieces(gather: &Gather, mut offset: u64, len: usize, out: &mut [(u64, usize); MAX_PIECES]) -> Option<usize> {
-    let mut n = 0;
-    let mut left = len;
-    for &(addr, seg) in gather {
-        let seg = seg as u64;
-        if offset >= seg {
-            offset -= seg;
-            continue;
-        }
-        if left == 0 {
-            break;
-        }
-        if n == MAX_PIECES {
-            return None;
-        }
-        let take = ((seg - offset) as usize).min(left);
-        out[n] = (addr + offset, take);
-        n += 1;
-        left -= take;
-        offset = 0;
+/// Consecutive packets of an [`OutPackets`].
+#[derive(Clone, Copy)]
+pub(crate) struct Packets<'a> {
+    bytes: &'a [u8],
+    /// Where the first packet begins.
+    start: usize,
+    ends: &'a [usize],
+}
+
+impl<'a> Packets<'a> {
+    fn len(&self) -> usize {
+        self.ends.len()
     }
-    (left == 0).then_some(n)
+
+    /// Packets `i..i + count`, as one run of bytes.
+    fn run(&self, i: usize, count: usize) -> &'a [u8] {
+        let start = if i == 0 { self.start } else { self.ends[i - 1] };
+        &self.bytes[start..self.ends[i + count - 1]]
+    }
+
+    fn lens(&self) -> impl Iterator<Item = usize> + 'a {
+        let start = self.start;
+        self.ends.iter().scan(start, |at, &end| Some(end - std::mem::replace(at, end)))
+    }
 }
 
 /// Copies bytes `offset..offset + out.len()` of the buffers `gather` into
@@ -159,35 +154,32 @@ pub(crate) struct Sent {
 pub(crate) fn send_groups(
     fd: RawFd,
     addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>,
-    packets: &[OutPacket],
+    packets: Packets<'_>,
     max_segment: usize,
 ) -> Sent {
-    if let [p] = packets {
-        return send_one(fd, addr, p);
+    if packets.len() == 1 {
+        return send_one(fd, addr, packets.run(0, 1));
     }
-    let groups = gso_groups(packets.iter().map(|p| p.len), max_segment);
+    let groups = gso_groups(packets.lens(), max_segment);
     // Every iovec first: the vector must not move once messages point into it.
-    let mut iov: Vec<libc::iovec> = Vec::with_capacity(packets.len() * 2);
-    let mut spans = Vec::with_capacity(groups.len());
-    for g in &groups {
-        let start = iov.len();
-        for p in &packets[g.start..g.start + g.count] {
-            let (v, n) = p.iovecs();
-            iov.extend_from_slice(&v[..n]);
-        }
-        spans.push((start, iov.len() - start));
-    }
+    let mut iov: Vec<libc::iovec> = groups
+        .iter()
+        .map(|g| {
+            let run = packets.run(g.start, g.count);
+            libc::iovec { iov_base: run.as_ptr() as *mut libc::c_void, iov_len: run.len() }
+        })
+        .collect();
     let mut control: Vec<[u64; 3]> = vec![[0; 3]; groups.len()];
     let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(groups.len());
-    for ((g, ctrl), &(start, count)) in groups.iter().zip(control.iter_mut()).zip(&spans) {
+    for ((g, ctrl), v) in groups.iter().zip(control.iter_mut()).zip(iov.iter_mut()) {
         // SAFETY: a zeroed msghdr is valid; fields set below.
         let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
         if let Some((name, len)) = addr {
             h.msg_name = name as *const libc::sockaddr_storage as *mut libc::c_void;
             h.msg_namelen = *len;
         }
-        h.msg_iov = iov[start..].as_mut_ptr();
-        h.msg_iovlen = count;
+        h.msg_iov = v;
+        h.msg_iovlen = 1;
         if g.count > 1 {
             set_segment_cmsg(&mut h, ctrl, g.segment as u16);
         }
@@ -237,7 +229,7 @@ struct Group {
 
 /// Cuts packets of lengths `lens` into GSO runs: consecutive packets of the
 /// first one's length (at most `max_segment` bytes, at most
-/// `GSO_MAX_SEGMENTS` of them, at most a UDP datagram in all), closed by
+/// `GSO_MAX_SEGMENTS` of them, at most `GSO_MAX_BYTES` in all), closed by
 /// a shorter packet.  With `max_segment` 0, every packet is a run of its own.
 fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Group> {
     let mut groups: Vec<Group> = Vec::new();
@@ -247,7 +239,7 @@ fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Grou
             let open = g.segment <= max_segment
                 && g.count < GSO_MAX_SEGMENTS
                 && len <= g.segment
-                && total + len <= MAX_DATAGRAM
+                && total + len <= GSO_MAX_BYTES
                 && (g.count == 1 || total == g.count * g.segment);
             if open {
                 g.count += 1;
@@ -263,27 +255,14 @@ fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Grou
 
 /// Sends one packet, without building a batch or allocating: the path of
 /// small messages and acknowledgements.
-fn send_one(fd: RawFd, addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>, packet: &OutPacket) -> Sent {
+fn send_one(fd: RawFd, addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>, packet: &[u8]) -> Sent {
     let (name, len) = match addr {
         Some((name, len)) => (name as *const libc::sockaddr_storage as *const libc::sockaddr, *len),
         None => (std::ptr::null(), 0),
     };
-    let (mut iov, n) = packet.iovecs();
     loop {
-        let r = if n == 1 {
-            // SAFETY: the packet and the address (if any) are live for the call.
-            unsafe { libc::sendto(fd, iov[0].iov_base, iov[0].iov_len, 0, name, len) }
-        } else {
-            // SAFETY: a zeroed msghdr is valid; fields set below.
-            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-            h.msg_name = name as *mut libc::c_void;
-            h.msg_namelen = len;
-            h.msg_iov = iov.as_mut_ptr();
-            h.msg_iovlen = n;
-            // SAFETY: the header points at the iovecs above, whose buffers
-            // are live for the call, and at the address, if any.
-            unsafe { libc::sendmsg(fd, &h, 0) }
-        };
+        // SAFETY: the packet and the address (if any) are live for the call.
+        let r = unsafe { libc::sendto(fd, packet.as_ptr() as *const libc::c_void, packet.len(), 0, name, len) };
         if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
             continue;
         }
@@ -328,82 +307,66 @@ mod tests {
         assert_eq!(&past, b"ld\0\0");
     }
 
-    #[test]
-    fn pieces_cover_the_range_or_give_up() {
-        let gather: Gather = vec![(1000, 10), (2000, 5), (3000, 100)];
-        let mut out = [(0, 0); MAX_PIECES];
-        assert_eq!(pieces(&gather, 8, 10, &mut out), Some(3));
-        assert_eq!(&out[..3], &[(1008, 2), (2000, 5), (3000, 3)]);
-        assert_eq!(pieces(&gather, 15, 100, &mut out), Some(1));
-        assert_eq!(out[0], (3000, 100));
-        // Past the end of the buffers.
-        assert_eq!(pieces(&gather, 15, 101, &mut out), None);
-        // More pieces than a packet points at.
-        let many: Gather = (0..8).map(|i| (i * 100, 1)).collect();
-        assert_eq!(pieces(&many, 0, 4, &mut out), Some(4));
-        assert_eq!(pieces(&many, 0, 5, &mut out), None);
-    }
-
     /// The packet a transmit of `len` bytes at `offset` of message 1 builds.
     fn transmit(offset: u32, len: u32) -> Transmit {
         let header = Header { kind: Kind::Data, msg: 1, offset, total: 1 << 20, ..Header::default() };
         Transmit { header, payload: Some(PayloadRef { token: 1, offset, len }) }
     }
 
-    /// The bytes the kernel would send for `p`, from its iovecs.
-    fn wire_bytes(p: &OutPacket) -> Vec<u8> {
-        let (iov, n) = p.iovecs();
-        // SAFETY: the iovecs point at the live buffers of the test.
-        iov[..n]
-            .iter()
-            .flat_map(|v| unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) })
-            .copied()
-            .collect()
-    }
-
     #[test]
-    fn a_packet_points_at_the_payload_or_copies_it_and_checksums_either() {
+    fn packets_lie_back_to_back_with_their_payload_copied_and_checksummed() {
         let a: Vec<u8> = (0..3000u32).map(|i| (i * 13) as u8).collect();
         let b: Vec<u8> = (0..3000u32).map(|i| (i * 29 + 1) as u8).collect();
         let gather: Gather = vec![(a.as_ptr() as u64, 3000), (b.as_ptr() as u64, 3000)];
         let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
-        let mut p = OutPacket::new(HEADER_LEN + 1400);
-        // In place across two buffers; copied when short; copied when the
-        // buffers are in too many pieces; zeros for a message that is gone.
         let many: Gather = whole.chunks(100).map(|c| (c.as_ptr() as u64, c.len() as u32)).collect();
-        for (offset, len, g, in_place) in [
-            (2500u32, 1400u32, Some(&gather), true),
-            (10, 100, Some(&gather), false),
-            (0, 1400, Some(&many), false),
-            (0, 1400, None, false),
-        ] {
-            p.build(&transmit(offset, len), g);
-            assert_eq!(p.npieces > 0, in_place, "offset {offset} len {len}");
-            let bytes = wire_bytes(&p);
-            assert_eq!(bytes.len(), HEADER_LEN + len as usize);
-            let checked = Packet::new_checked(&bytes[..]).expect("a valid packet");
-            let want = match g {
-                Some(_) => &whole[offset as usize..(offset + len) as usize],
-                None => &vec![0u8; len as usize][..],
-            };
-            assert_eq!(checked.payload(), want);
+        // Across two buffers; short; in many pieces; a message that is gone.
+        let cases =
+            [(2500u32, 1400u32, Some(&gather)), (10, 100, Some(&gather)), (0, 1400, Some(&many)), (0, 1400, None)];
+        let mut out = OutPackets::default();
+        for round in 0..2 {
+            // The second round reuses the buffer of the first.
+            out.clear();
+            for (offset, len, g) in cases {
+                out.push(&transmit(offset, len), g);
+            }
+            assert_eq!(out.len(), cases.len(), "round {round}");
+            let all = out.from(0);
+            let mut at = 0;
+            for (i, (offset, len, g)) in cases.into_iter().enumerate() {
+                let bytes = all.run(i, 1);
+                assert_eq!(bytes.len(), HEADER_LEN + len as usize);
+                // Back to back: packet i begins where i - 1 ended.
+                assert_eq!(bytes.as_ptr(), all.run(0, cases.len())[at..].as_ptr());
+                at += bytes.len();
+                let checked = Packet::new_checked(bytes).expect("a valid packet");
+                let want = match g {
+                    Some(_) => &whole[offset as usize..(offset + len) as usize],
+                    None => &vec![0u8; len as usize][..],
+                };
+                assert_eq!(checked.payload(), want, "round {round} packet {i}");
+            }
+            assert_eq!(
+                all.lens().collect::<Vec<_>>(),
+                vec![HEADER_LEN + 1400, HEADER_LEN + 100, HEADER_LEN + 1400, HEADER_LEN + 1400]
+            );
+            assert_eq!(out.from(2).lens().count(), 2);
+            assert_eq!(out.from(2).run(0, 1), all.run(2, 1));
         }
     }
 
-    /// One packet whose payload stays in the application's buffer leaves
-    /// with one `sendmsg` and arrives as the packet it was built as.
+    /// One packet leaves with one `sendto` and arrives as it was built.
     #[test]
-    fn a_lone_packet_in_place_goes_out_whole() {
+    fn a_lone_packet_goes_out_whole() {
         use std::net::UdpSocket;
         let data: Vec<u8> = (0..2000u32).map(|i| (i * 3) as u8).collect();
         let gather: Gather = vec![(data.as_ptr() as u64, 700), (data.as_ptr() as u64 + 700, 1300)];
-        let mut p = OutPacket::new(HEADER_LEN + 1400);
-        p.build(&transmit(100, 1400), Some(&gather));
-        assert_eq!(p.npieces, 2);
+        let mut out = OutPackets::default();
+        out.push(&transmit(100, 1400), Some(&gather));
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = crate::net::socket_addr(rx.local_addr().unwrap());
-        assert_eq!(send_groups(std::os::fd::AsRawFd::as_raw_fd(&tx), Some(&addr), &[p], 0).packets, 1);
+        assert_eq!(send_groups(std::os::fd::AsRawFd::as_raw_fd(&tx), Some(&addr), out.from(0), 0).packets, 1);
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
         let mut buf = [0u8; 2048];
         let n = rx.recv(&mut buf).unwrap();
@@ -429,9 +392,13 @@ mod tests {
         assert_eq!(groups(&[1000, 1000], 0), vec![(0, 1, 1000), (1, 1, 1000)]);
         assert_eq!(groups(&[1500, 1500], 1472), vec![(0, 1, 1500), (1, 1, 1500)]);
         assert_eq!(groups(&[], 1472), vec![]);
-        // Every buffer fits a UDP datagram.
-        for g in gso_groups([9000; 20].into_iter(), 8972) {
-            assert!(g.count * g.segment <= MAX_DATAGRAM || g.count == 1);
+        // Every buffer fits a device's 64 KiB with the headers in front:
+        // 46 packets of 1424 bytes would not.
+        assert_eq!(groups(&[1424; 50], 1472), vec![(0, 45, 1424), (45, 5, 1424)]);
+        for segment in [1424, 1452, 8972] {
+            for g in gso_groups([segment; 100].into_iter(), segment) {
+                assert!(g.count * g.segment <= GSO_MAX_BYTES);
+            }
         }
     }
 }

@@ -554,19 +554,6 @@ pub fn finish(buf: &mut [u8]) {
     Packet::new_unchecked(buf).fill_checksum();
 }
 
-/// Fills the checksum of a packet whose header (as [`Header::emit`] left
-/// it) is in `header` and whose payload is `payload`, in pieces elsewhere:
-/// the I/O layer sends the payload straight from the application's buffers.
-///
-/// # Panics
-/// If `header` is not [`HEADER_LEN`] bytes.
-pub fn finish_split<'a>(header: &mut [u8], payload: impl IntoIterator<Item = &'a [u8]>) {
-    assert_eq!(header.len(), HEADER_LEN, "not a header");
-    let c = crc32c::crc32c(&header[..field::CHECKSUM.start]);
-    let c = payload.into_iter().fold(crc32c::crc32c_append(c, &[0; 4]), crc32c::crc32c_append);
-    header[field::CHECKSUM].copy_from_slice(&c.to_be_bytes());
-}
-
 /// Builds a complete packet: header, payload and checksum.
 ///
 /// # Panics
