@@ -422,12 +422,11 @@ pub struct Session {
     // Acknowledgements.
     unacked: u32,
     ack_deadline: Option<Instant>,
-    /// An acknowledgement must go out with the next transmission.
-    ack_now: bool,
-    /// `ack_every` packets are unacknowledged: an acknowledgement is owed,
-    /// but a receiver with more input to take may hold it until it is idle
+    /// An acknowledgement must go out with the next transmission.  One that
+    /// is merely owed (`ack_every` packets unacknowledged, `owes_ack`) a
+    /// receiver with more input to take may hold until it is idle
     /// (`poll_transmit_busy`), and a reply that goes first carries it.
-    ack_owed: bool,
+    ack_now: bool,
 
     // Liveness.
     last_heard: Instant,
@@ -474,7 +473,6 @@ impl Session {
             unacked: 0,
             ack_deadline: None,
             ack_now: false,
-            ack_owed: false,
             last_heard: now,
             last_probe: None,
             keepalive_due: false,
@@ -530,7 +528,12 @@ impl Session {
     /// Whether an acknowledgement is owed that [`Session::poll_transmit_busy`]
     /// held back.
     pub fn ack_owed(&self) -> bool {
-        self.ack_owed && !self.closed
+        self.owes_ack() && !self.closed
+    }
+
+    /// `ack_every` packets are unacknowledged.
+    fn owes_ack(&self) -> bool {
+        self.unacked >= self.config.ack_every.max(1)
     }
 
     fn transmit(&mut self, now: Instant, owed_too: bool) -> Option<Transmit> {
@@ -552,7 +555,7 @@ impl Session {
         if self.ack_deadline.is_some_and(|d| d <= now) {
             self.ack_now = true;
         }
-        if self.ack_now || (owed_too && self.ack_owed) {
+        if self.ack_now || (owed_too && self.owes_ack()) {
             let h = self.header(Kind::Ack, 0, 0);
             self.stats.acks_sent += 1;
             return Some(self.emit(h, None));
@@ -782,7 +785,6 @@ impl Session {
         self.unacked = 0;
         self.ack_deadline = None;
         self.ack_now = false;
-        self.ack_owed = false;
         self.stats.packets_sent += 1;
         Transmit { header, payload }
     }
@@ -1096,11 +1098,8 @@ impl Session {
         if filled || self.unacked >= every.max(self.window / 4) {
             // A sender must never wait for the window to open.
             self.ack_now = true;
-        } else {
-            self.ack_owed |= self.unacked >= every;
-            if self.ack_deadline.is_none() {
-                self.ack_deadline = now.checked_add(self.config.ack_delay);
-            }
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = now.checked_add(self.config.ack_delay);
         }
         Some(Segment::of(h))
     }
@@ -1228,7 +1227,6 @@ impl Session {
         self.assembly = None;
         self.rx = None;
         self.ack_now = false;
-        self.ack_owed = false;
         self.ack_deadline = None;
         self.keepalive_due = false;
     }

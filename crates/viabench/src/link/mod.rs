@@ -254,6 +254,19 @@ pub fn set_int_option(
     }
 }
 
+/// Sets SO_SNDBUF and SO_RCVBUF to `bytes`: with the `FORCE` options where
+/// the process may exceed the system's maximum (`net.core.*mem_max`), else
+/// the plain ones, which the kernel caps.
+pub fn set_socket_buffers(socket: &impl std::os::fd::AsRawFd, bytes: u32) -> std::io::Result<()> {
+    let value = bytes.min(i32::MAX as u32 / 2) as libc::c_int;
+    for (force, plain) in [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)] {
+        if set_int_option(socket, libc::SOL_SOCKET, force, value).is_err() {
+            set_int_option(socket, libc::SOL_SOCKET, plain, value)?;
+        }
+    }
+    Ok(())
+}
+
 /// The interface behind a VIA device name: `/dev/via_eth0` is `eth0`.
 pub fn interface_of(device: &str) -> &str {
     let name = device.strip_prefix("/dev/").unwrap_or(device);

@@ -5,7 +5,7 @@
 //! as a segmentation-offload buffer (`UDP_SEGMENT`) and takes them coalesced
 //! (`UDP_GRO`) where the kernel allows, so its throughput is the floor too.
 
-use super::{set_int_option, udp_payload, Deadline, Link, LinkServer, LinkStats, Pending, Side};
+use super::{set_int_option, set_socket_buffers, udp_payload, Deadline, Link, LinkServer, LinkStats, Pending, Side};
 use crate::error::{Error, Result};
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
@@ -46,7 +46,8 @@ impl UdpLink {
     /// Binds a socket on `ip`.
     pub fn bind(spec: &TestSpec, ip: IpAddr, _side: Side) -> Result<UdpLink> {
         let sock = UdpSocket::bind(SocketAddr::new(ip, 0))?;
-        grow_buffers(&sock);
+        // Big enough for a burst of a few MiB; what the kernel allows otherwise.
+        let _ = set_socket_buffers(&sock, 16 << 20);
         let timeout = Duration::from_millis(spec.timeout_ms);
         match spec.wait {
             Wait::Poll => sock.set_nonblocking(true)?,
@@ -113,16 +114,6 @@ fn send_segmented(sock: &UdpSocket, data: &[u8], segment: u16) -> std::io::Resul
 /// What `sendmsg` answers when the kernel or device cannot take a
 /// segmentation-offload buffer.
 const GSO_REFUSED: [i32; 5] = [libc::EIO, libc::EINVAL, libc::EMSGSIZE, libc::EOPNOTSUPP, libc::ENOPROTOOPT];
-
-/// Socket buffers big enough for a burst of a few MiB.
-fn grow_buffers(sock: &UdpSocket) {
-    let bytes: libc::c_int = 16 << 20;
-    for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
-        if set_int_option(sock, libc::SOL_SOCKET, force, bytes).is_err() {
-            let _ = set_int_option(sock, libc::SOL_SOCKET, plain, bytes);
-        }
-    }
-}
 
 impl Link for UdpLink {
     fn prepare(&mut self, len: usize, seeds: [u64; 3]) -> Result<()> {

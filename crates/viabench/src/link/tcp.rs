@@ -2,7 +2,7 @@
 //! `--wait poll` spins on a non-blocking socket, `--wait block` sleeps in
 //! `recv`.
 
-use super::{set_int_option, Deadline, Link, LinkServer, LinkStats, Pending, Side};
+use super::{set_socket_buffers, Deadline, Link, LinkServer, LinkStats, Pending, Side};
 use crate::error::{Error, Result};
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
@@ -168,18 +168,9 @@ impl Link for TcpLink {
     }
 }
 
-/// Sets SO_SNDBUF and SO_RCVBUF to `bytes`: with the `FORCE` options where
-/// the process may exceed the system's maximum (`net.core.*mem_max`), else
-/// the plain ones, which the kernel caps.
+/// [`set_socket_buffers`], with an error that says what failed.
 fn set_buffers(socket: &impl AsRawFd, bytes: u32) -> Result<()> {
-    let value = bytes.min(i32::MAX as u32 / 2) as libc::c_int;
-    for (force, plain) in [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)] {
-        let set = |option| set_int_option(socket, libc::SOL_SOCKET, option, value);
-        if set(force).is_err() {
-            set(plain).map_err(|e| Error::new(format!("setting TCP socket buffers to {bytes}: {e}")))?;
-        }
-    }
-    Ok(())
+    set_socket_buffers(socket, bytes).map_err(|e| Error::new(format!("setting TCP socket buffers to {bytes}: {e}")))
 }
 
 impl LinkServer for TcpLink {
