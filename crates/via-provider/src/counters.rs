@@ -143,7 +143,9 @@ impl Counters {
 
     /// Adds `n` to `c`.
     pub fn add(&self, c: Counter, n: u64) {
-        if let Some(p) = &self.0 {
+        // Adding nothing skips the atomic add: the data path reports
+        // counters that mostly stay put (retransmits, duplicates).
+        if let Some(p) = self.0.as_ref().filter(|_| n > 0) {
             p.stats.add(c as usize, n);
         }
     }

@@ -26,6 +26,7 @@ use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -89,7 +90,7 @@ pub struct NetPort {
     gso_buffers: AtomicU64,
     /// Coalesced datagrams received (holding more than one packet).
     gro_buffers: AtomicU64,
-    vis: RwLock<HashMap<u32, Weak<Vi>>>,
+    vis: RwLock<HashMap<u32, Weak<Vi>, BuildHasherDefault<IdHasher>>>,
     /// Held while draining the sockets, so packets of one VI are handled in order.
     engine: Mutex<Engine>,
     /// The NIC's counters.
@@ -219,7 +220,7 @@ impl NetPort {
             gro,
             gso_buffers: AtomicU64::new(0),
             gro_buffers: AtomicU64::new(0),
-            vis: RwLock::new(HashMap::new()),
+            vis: RwLock::new(HashMap::default()),
             engine: Mutex::new(Engine {
                 batch: Batch::new(tuning().recv_batch, buffer, gro),
                 peers: Vec::new(),
@@ -403,7 +404,8 @@ impl NetPort {
     /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
     /// together, so that one acknowledgement can answer several.
     fn dispatch(&self, batch: &Batch, owed: &mut Vec<u32>, n: usize) {
-        let mut run: Vec<(Header, &[u8])> = Vec::new();
+        // Consecutive packets of one VI: on the stack for the usual few.
+        let mut run: smallvec::SmallVec<[(Header, &[u8]); 4]> = smallvec::SmallVec::new();
         let mut run_vi = None;
         for datagram in batch.datagrams(n) {
             let header = match Packet::new_checked(datagram).and_then(|p| Header::parse(&p)) {
@@ -570,6 +572,27 @@ pub struct Offload {
     pub gro_buffers: u64,
 }
 
+/// Hashes the VI ids of a port's table, which every packet looks up: a
+/// multiply where SipHash would cost more than the rest of the lookup.
+/// The ids are the VIs' handles, chosen by this process, so no peer can
+/// make them collide (a peer's made-up id only misses).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(b as u32);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Receive buffers for `recvmmsg`, with their headers built once: an
 /// empty poll of the socket allocates nothing.
 struct Batch {
@@ -653,20 +676,37 @@ impl Batch {
 
     /// Receives one datagram into the first buffer without blocking: one
     /// system call where `recvmmsg` would make a second attempt, which
-    /// finds nothing when a single small message came.
+    /// finds nothing when a single small message came.  It is `recv(2)`,
+    /// without a message header to copy in, since most application polls
+    /// find nothing: a coalesced buffer's segment size is then the length
+    /// of its first packet by that packet's header (all but the last
+    /// datagram of a coalesced buffer are that long).
     fn receive_one(&mut self, fd: RawFd) -> bool {
-        self.reset_control();
+        let cap = self.bufs[0].len();
         loop {
-            // SAFETY: the first header points at our first buffer.
-            let r = unsafe { libc::recvmsg(fd, &mut self.msgs[0].msg_hdr, libc::MSG_DONTWAIT) };
+            // SAFETY: the first buffer has `cap` bytes.  MSG_TRUNC: the
+            // result is the datagram's length, even when it did not fit.
+            let r = unsafe {
+                libc::recv(
+                    fd,
+                    self.bufs[0].as_mut_ptr() as *mut libc::c_void,
+                    cap,
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
+            };
             if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             if r < 0 {
                 return false;
             }
-            self.filled = 1;
-            self.settle(0, r as usize);
+            let len = r as usize;
+            let got = len.min(cap);
+            let first = first_packet_len(&self.bufs[0][..got]);
+            let coalescing = !self.control.is_empty();
+            let segment = if coalescing && first > 0 && first < len { first } else { 0 };
+            self.lens[0] = received_len(len, cap, len > cap, segment);
+            self.segments[0] = segment;
             return true;
         }
     }
@@ -742,6 +782,16 @@ fn gro_segment(control: &[u8]) -> usize {
         at += align(len).max(data_at);
     }
     0
+}
+
+/// The length of the packet at the start of `buf` by its header (header
+/// and payload), 0 when `buf` is shorter than a header.  Only a guess at a
+/// segment size: the packets it cuts are checked like any other.
+fn first_packet_len(buf: &[u8]) -> usize {
+    if buf.len() < HEADER_LEN {
+        return 0;
+    }
+    HEADER_LEN + Packet::new_unchecked(buf).payload_len() as usize
 }
 
 /// Bytes of a received buffer of `cap` bytes to use, when the datagram
@@ -855,7 +905,8 @@ fn segment_size(mtu: usize) -> usize {
 }
 
 /// The buffers a sent message's bytes come from, until the session says it is sent.
-pub(crate) type Gather = Vec<(u64, u32)>;
+/// Inline for the usual one or two buffers: posting a send allocates nothing.
+pub(crate) type Gather = smallvec::SmallVec<[(u64, u32); 2]>;
 
 /// The network side of one connected VI.
 pub struct NetLink {
@@ -911,23 +962,23 @@ impl NetState {
 
     /// Sends everything the session has to send on `link` (whose state
     /// this is), and collects its events.
-    pub fn flush(&mut self, link: &NetLink, events: &mut Vec<NetEvent<'_>>) {
+    pub fn flush(&mut self, link: &NetLink, events: &mut NetEvents<'_>) {
         self.flush_at(link, Instant::now(), events);
     }
 
     /// [`NetState::flush`] at `now`, for a caller that has just read the clock.
-    pub fn flush_at(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>) {
+    pub fn flush_at(&mut self, link: &NetLink, now: Instant, events: &mut NetEvents<'_>) {
         self.flush_with(link, now, events, false);
     }
 
     /// [`NetState::flush_at`] for a receiver with more input to take: an
     /// acknowledgement that may wait is held (`Session::poll_transmit_busy`)
     /// until the port is idle or a reply carries it.
-    pub fn flush_busy(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>) {
+    pub fn flush_busy(&mut self, link: &NetLink, now: Instant, events: &mut NetEvents<'_>) {
         self.flush_with(link, now, events, true);
     }
 
-    fn flush_with(&mut self, link: &NetLink, now: Instant, events: &mut Vec<NetEvent<'_>>, busy: bool) {
+    fn flush_with(&mut self, link: &NetLink, now: Instant, events: &mut NetEvents<'_>, busy: bool) {
         let port = &*link.port;
         let send = |packets: &OutPackets| port.send_all(link.peer, link.connected.as_deref(), packets);
         let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
@@ -961,7 +1012,7 @@ impl NetState {
 
     /// Moves the session's queued events to `events`, forgetting the
     /// buffers of messages that are sent.
-    pub fn take_events(&mut self, events: &mut Vec<NetEvent<'_>>) {
+    pub fn take_events(&mut self, events: &mut NetEvents<'_>) {
         while let Some(e) = self.session.poll_event() {
             events.push(match e {
                 Event::Segment { kind, msg, offset, total, imm, first, last, data } => {
@@ -1018,6 +1069,10 @@ impl Outbound {
     }
 }
 
+/// The events of one step of a session: a few at most in the common
+/// case, kept on the stack.
+pub(crate) type NetEvents<'a> = smallvec::SmallVec<[NetEvent<'a>; 4]>;
+
 /// A session event for the work queues.  A segment delivered in place
 /// borrows its bytes from the received datagram.
 #[derive(Debug)]
@@ -1058,7 +1113,7 @@ impl NetLink {
         let mut st = self.state.lock();
         tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), "network VI disconnected");
         st.session.disconnect();
-        st.flush(self, &mut Vec::new());
+        st.flush(self, &mut NetEvents::new());
         drop(st);
         self.port.unregister(self.local_vi);
     }
@@ -1070,7 +1125,7 @@ impl NetLink {
         if let Some(code) = code {
             st.session.close(code);
         }
-        st.flush(self, &mut Vec::new());
+        st.flush(self, &mut NetEvents::new());
         drop(st);
         self.port.unregister(self.local_vi);
     }
@@ -1094,9 +1149,9 @@ mod tests {
     #[test]
     fn outbound_hands_out_tokens_in_order_and_retires_them_in_any_order() {
         let mut o = Outbound::default();
-        let tokens: Vec<u64> = (0..4u64).map(|i| o.insert(vec![(i, 1)])).collect();
+        let tokens: Vec<u64> = (0..4u64).map(|i| o.insert(smallvec::smallvec![(i, 1)])).collect();
         assert_eq!(tokens, vec![1, 2, 3, 4]);
-        assert_eq!(o.get(3), Some(&vec![(2, 1)]));
+        assert_eq!(o.get(3), Some(&smallvec::smallvec![(2, 1)]));
         assert_eq!((o.get(0), o.get(5), o.get(u64::MAX)), (None, None, None));
         // Out of order: the front stays until it goes itself.
         o.remove(2);
@@ -1108,12 +1163,12 @@ mod tests {
             o.remove(t);
         }
         assert_eq!((o.first, o.slots.len()), (3, 2));
-        assert_eq!(o.insert(Vec::new()), 5);
+        assert_eq!(o.insert(Gather::new()), 5);
         o.remove(3);
         o.remove(4);
         o.remove(5);
         assert!(o.slots.is_empty());
-        assert_eq!(o.insert(Vec::new()), 6);
+        assert_eq!(o.insert(Gather::new()), 6);
     }
 
     #[test]
@@ -1188,6 +1243,62 @@ mod tests {
                 })
                 .collect();
             let _ = gro_segment(&junk);
+        }
+    }
+
+    /// `receive_one` reads no control message: it cuts a coalesced buffer
+    /// at the length its first packet's header gives, and a lone packet
+    /// stays whole.
+    #[test]
+    fn a_single_receive_cuts_a_coalesced_buffer_by_its_first_header() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let mut batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
+        let packet = |fill: u8, len: usize| {
+            let mut b = vec![fill; len];
+            Packet::new_unchecked(&mut b[..]).set_payload_len((len - HEADER_LEN) as u16);
+            b
+        };
+        let datagrams: Vec<Vec<u8>> = (0..30u8).map(|i| packet(i, if i == 29 { 333 } else { 1000 })).collect();
+        let mut packets = OutPackets::default();
+        for d in &datagrams {
+            packets.push_bytes(d);
+        }
+        let addr = socket_addr(rx.local_addr().unwrap());
+        let max_segment = if kernel_has_gso(&tx) { 1472 } else { 0 };
+        let sent = send_groups(tx.as_raw_fd(), Some(&addr), packets.from(0), max_segment);
+        if sent.refused.is_some() {
+            eprintln!("the kernel refused GSO on loopback: {sent:?}");
+            return;
+        }
+        assert_eq!(sent.packets, 30);
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let mut first_segment = None;
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < 30 && Instant::now() < deadline {
+            if batch.receive_one(rx.as_raw_fd()) {
+                first_segment.get_or_insert(batch.segments[0]);
+                got.extend(batch.datagrams(1).map(|d| d.to_vec()));
+            }
+        }
+        assert_eq!(got, datagrams);
+        // Loopback hands the GSO buffer to a socket with UDP_GRO whole.
+        if gro && max_segment > 0 {
+            assert_eq!(first_segment, Some(1000));
+        }
+        // A lone packet, and bytes too short for a header, are single datagrams.
+        for d in [packet(7, 80), vec![9u8; 20]] {
+            tx.send_to(&d, rx.local_addr().unwrap()).unwrap();
+            let mut got = Vec::new();
+            while got.is_empty() && Instant::now() < deadline {
+                if batch.receive_one(rx.as_raw_fd()) {
+                    assert_eq!(batch.segments[0], 0);
+                    got.extend(batch.datagrams(1).map(|d| d.to_vec()));
+                }
+            }
+            assert_eq!(got, vec![d]);
         }
     }
 

@@ -3,7 +3,7 @@
 //! complete descriptors, place received bytes and answer RDMA requests.
 
 use crate::counters::{Counter, StageTimer};
-use crate::net::{scatter, Gather, NetEvent, NetLink};
+use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink};
 use crate::nic::error_code;
 use crate::progress;
 use crate::vi::{reliable, Break, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
@@ -53,8 +53,8 @@ impl Vi {
         mem: u32,
         rules: &Rules,
         attrs: &ViAttrs,
-    ) -> Vec<NetEvent<'static>> {
-        let mut events = Vec::new();
+    ) -> NetEvents<'static> {
+        let mut events = NetEvents::new();
         let mut st = link.state.lock();
         let timer = StageTimer::start();
         let checked = validate(desc, mem, false, rules);
@@ -86,7 +86,7 @@ impl Vi {
                     }
                     _ => (MsgKind::Send, total, None),
                 };
-                let token = st.remember(if wr.op == Op::RdmaRead { Vec::new() } else { gather });
+                let token = st.remember(if wr.op == Op::RdmaRead { Gather::new() } else { gather });
                 let sent = st.session.send(OutMessage { kind, len, imm: wr.immediate, token });
                 let mut item = SendItem { desc, done: false, token, read: None, op, length: total, give_up: None };
                 match sent {
@@ -125,7 +125,7 @@ impl Vi {
     /// sockets empty (`Vi::send_owed_ack`), unless a reply carried it first.
     pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])]) -> bool {
         let Some(link) = self.net.lock().clone() else { return false };
-        let mut events = Vec::new();
+        let mut events = NetEvents::new();
         let owed = {
             let mut st = link.state.lock();
             let now = std::time::Instant::now();
@@ -150,7 +150,7 @@ impl Vi {
     /// carried it since.
     pub(crate) fn send_owed_ack(&self) {
         let Some(link) = self.net.lock().clone() else { return };
-        let mut events = Vec::new();
+        let mut events = NetEvents::new();
         {
             let mut st = link.state.lock();
             if !st.session.ack_owed() {
@@ -166,7 +166,7 @@ impl Vi {
     /// Runs the session's timers; returns its next deadline.
     pub(crate) fn net_timers(&self, now: std::time::Instant) -> Option<std::time::Instant> {
         let link = self.net.lock().clone()?;
-        let mut events = Vec::new();
+        let mut events = NetEvents::new();
         let next = {
             let mut st = link.state.lock();
             if st.session.poll_timeout().is_some_and(|t| t <= now) {
@@ -208,7 +208,7 @@ impl Vi {
     }
 
     /// Applies a session's events to the work queues.
-    pub(crate) fn apply_net(&self, link: &Arc<NetLink>, events: Vec<NetEvent<'_>>) {
+    pub(crate) fn apply_net(&self, link: &Arc<NetLink>, events: NetEvents<'_>) {
         let (rules, attrs) = self.rules();
         let reliable = reliable(attrs.reliability);
         let mut f = Followup::default();
@@ -256,7 +256,7 @@ impl Vi {
                                 // get there first).
                                 self.nic.counters.add(Counter::RdmaRefused, 1);
                                 let answer = MsgKind::RdmaReadResponse { request: msg, status: STATUS_RDMA_PROT_ERROR };
-                                f.replies.push((answer, 0, Vec::new()));
+                                f.replies.push((answer, 0, Gather::new()));
                                 if !last {
                                     r.dropping = Some(msg);
                                 }
@@ -265,7 +265,11 @@ impl Vi {
                             // SAFETY: checked against this process's registry just now.
                             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at as *mut u8, data.len()) };
                             if last {
-                                f.replies.push((MsgKind::RdmaReadResponse { request: msg, status: 0 }, 0, Vec::new()));
+                                f.replies.push((
+                                    MsgKind::RdmaReadResponse { request: msg, status: 0 },
+                                    0,
+                                    Gather::new(),
+                                ));
                             }
                             if last && imm.is_some() {
                                 self.settle(&mut r);
@@ -289,7 +293,7 @@ impl Vi {
                                 attrs.rdma_read && local_allows(&rules, handle, addr, len as u64, REGION_RDMA_READ);
                             let status = if ok { 0 } else { STATUS_RDMA_PROT_ERROR };
                             self.nic.counters.add(Counter::RdmaRefused, (!ok) as u64);
-                            let gather = if ok { vec![(addr, len)] } else { Vec::new() };
+                            let gather: Gather = if ok { smallvec::smallvec![(addr, len)] } else { Gather::new() };
                             f.replies.push((
                                 MsgKind::RdmaReadResponse { request: msg, status },
                                 if ok { len } else { 0 },
@@ -351,7 +355,7 @@ impl Vi {
             progress::kick_before(t);
         }
         if !f.replies.is_empty() || f.close.is_some() {
-            let mut more = Vec::new();
+            let mut more = NetEvents::new();
             {
                 let mut st = link.state.lock();
                 for (kind, len, gather) in f.replies.drain(..) {

@@ -114,7 +114,7 @@ impl<'a> Packets<'a> {
 
 /// Copies bytes `offset..offset + out.len()` of the buffers `gather` into
 /// `out`, zeros past their end.
-pub(crate) fn gather_bytes(gather: &Gather, mut offset: u64, out: &mut [u8]) {
+pub(crate) fn gather_bytes(gather: &[(u64, u32)], mut offset: u64, out: &mut [u8]) {
     let mut filled = 0;
     for &(addr, len) in gather {
         let len = len as u64;
@@ -317,7 +317,7 @@ mod tests {
     fn packets_lie_back_to_back_with_their_payload_copied_and_checksummed() {
         let a: Vec<u8> = (0..3000u32).map(|i| (i * 13) as u8).collect();
         let b: Vec<u8> = (0..3000u32).map(|i| (i * 29 + 1) as u8).collect();
-        let gather: Gather = vec![(a.as_ptr() as u64, 3000), (b.as_ptr() as u64, 3000)];
+        let gather: Gather = smallvec::smallvec![(a.as_ptr() as u64, 3000), (b.as_ptr() as u64, 3000)];
         let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
         let many: Gather = whole.chunks(100).map(|c| (c.as_ptr() as u64, c.len() as u32)).collect();
         // Across two buffers; short; in many pieces; a message that is gone.
@@ -360,7 +360,7 @@ mod tests {
     fn a_lone_packet_goes_out_whole() {
         use std::net::UdpSocket;
         let data: Vec<u8> = (0..2000u32).map(|i| (i * 3) as u8).collect();
-        let gather: Gather = vec![(data.as_ptr() as u64, 700), (data.as_ptr() as u64 + 700, 1300)];
+        let gather: Gather = smallvec::smallvec![(data.as_ptr() as u64, 700), (data.as_ptr() as u64 + 700, 1300)];
         let mut out = OutPackets::default();
         out.push(&transmit(100, 1400), Some(&gather));
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
