@@ -779,8 +779,13 @@ impl Vi {
         let (rules, attrs) = self.rules();
         if let Some(link) = q.net.clone() {
             let events = self.post_net(&mut q, &link, desc, mem, &rules, &attrs);
+            // The usual post completes nothing yet and hears of nothing:
+            // then there is nothing to apply.
+            let completed_now = q.items.back().is_some_and(|i| i.done);
             drop(q);
-            self.apply_net(&link, events);
+            if completed_now || !events.is_empty() {
+                self.apply_net(&link, events);
+            }
             return;
         }
         let counters = &self.nic.counters;
@@ -840,9 +845,11 @@ impl Vi {
         if !self.nic.has_port() {
             return; // no network VI on this NIC: nothing to lock
         }
-        let link = self.net.lock().clone();
-        if let Some(link) = link {
-            link.port.poll_for_app();
+        // A networked VI's link is on its NIC's one port: poll that,
+        // without taking a reference to the link on every empty poll.
+        let networked = self.net.lock().is_some();
+        if networked {
+            self.nic.poll_net();
         }
     }
 
