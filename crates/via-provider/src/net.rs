@@ -1246,34 +1246,55 @@ mod tests {
         }
     }
 
+    /// Two loopback sockets, the receiver with `UDP_GRO` where the kernel
+    /// has it, and `datagrams` sent to it as one GSO buffer (as separate
+    /// datagrams without GSO); `None` when the kernel refused GSO.
+    struct Loopback {
+        rx: UdpSocket,
+        tx: UdpSocket,
+        gro: bool,
+        batch: Batch,
+        max_segment: usize,
+        sent: crate::net_send::Sent,
+    }
+
+    impl Loopback {
+        fn send(datagrams: &[Vec<u8>]) -> Option<Loopback> {
+            let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+            rx.set_nonblocking(true).unwrap();
+            let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+            let batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
+            let mut packets = OutPackets::default();
+            for d in datagrams {
+                packets.push_bytes(d);
+            }
+            let addr = socket_addr(rx.local_addr().unwrap());
+            let max_segment = if kernel_has_gso(&tx) { 1472 } else { 0 };
+            let sent = send_groups(tx.as_raw_fd(), Some(&addr), packets.from(0), max_segment);
+            if sent.refused.is_some() {
+                eprintln!("the kernel refused GSO on loopback: {sent:?}");
+                return None;
+            }
+            assert_eq!(sent.packets, datagrams.len());
+            Some(Loopback { rx, tx, gro, batch, max_segment, sent })
+        }
+    }
+
     /// `receive_one` reads no control message: it cuts a coalesced buffer
     /// at the length its first packet's header gives, and a lone packet
     /// stays whole.
     #[test]
     fn a_single_receive_cuts_a_coalesced_buffer_by_its_first_header() {
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        rx.set_nonblocking(true).unwrap();
-        let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        let mut batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
         let packet = |fill: u8, len: usize| {
             let mut b = vec![fill; len];
             Packet::new_unchecked(&mut b[..]).set_payload_len((len - HEADER_LEN) as u16);
             b
         };
         let datagrams: Vec<Vec<u8>> = (0..30u8).map(|i| packet(i, if i == 29 { 333 } else { 1000 })).collect();
-        let mut packets = OutPackets::default();
-        for d in &datagrams {
-            packets.push_bytes(d);
-        }
-        let addr = socket_addr(rx.local_addr().unwrap());
-        let max_segment = if kernel_has_gso(&tx) { 1472 } else { 0 };
-        let sent = send_groups(tx.as_raw_fd(), Some(&addr), packets.from(0), max_segment);
-        if sent.refused.is_some() {
-            eprintln!("the kernel refused GSO on loopback: {sent:?}");
+        let Some(Loopback { rx, tx, gro, mut batch, max_segment, sent: _ }) = Loopback::send(&datagrams) else {
             return;
-        }
-        assert_eq!(sent.packets, 30);
+        };
         let mut got: Vec<Vec<u8>> = Vec::new();
         let mut first_segment = None;
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
@@ -1307,24 +1328,10 @@ mod tests {
     /// coalesced them.
     #[test]
     fn gso_send_and_gro_receive_over_loopback() {
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        rx.set_nonblocking(true).unwrap();
-        let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        let mut batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
         let datagrams: Vec<Vec<u8>> = (0..30u8).map(|i| vec![i; if i == 29 { 333 } else { 1000 }]).collect();
-        let mut packets = OutPackets::default();
-        for d in &datagrams {
-            packets.push_bytes(d);
-        }
-        let addr = socket_addr(rx.local_addr().unwrap());
-        let max_segment = if kernel_has_gso(&tx) { 1472 } else { 0 };
-        let sent = send_groups(tx.as_raw_fd(), Some(&addr), packets.from(0), max_segment);
-        if sent.refused.is_some() {
-            eprintln!("the kernel refused GSO on loopback: {sent:?}");
+        let Some(Loopback { rx, tx, gro, mut batch, max_segment, sent }) = Loopback::send(&datagrams) else {
             return;
-        }
-        assert_eq!(sent.packets, 30);
+        };
         assert_eq!(sent.gso_buffers, if max_segment > 0 { 1 } else { 0 });
         let mut got: Vec<Vec<u8>> = Vec::new();
         let mut coalesced = 0;
@@ -1343,7 +1350,10 @@ mod tests {
         // A single packet goes on its own.
         let mut one = OutPackets::default();
         one.push_bytes(&[7u8; 80]);
-        assert_eq!(send_groups(tx.as_raw_fd(), Some(&addr), one.from(0), max_segment).packets, 1);
+        assert_eq!(
+            send_groups(tx.as_raw_fd(), Some(&socket_addr(rx.local_addr().unwrap())), one.from(0), max_segment).packets,
+            1
+        );
         let mut got = Vec::new();
         while got.is_empty() && Instant::now() < deadline {
             if let Some(n) = batch.receive(rx.as_raw_fd()) {
