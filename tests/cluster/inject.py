@@ -45,6 +45,7 @@ assert HEADER.size == 80
 MAGIC = 0x5649
 VERSION = 1
 DATA, RDMA_WRITE, ACK, BREAK, DISCONNECT = 1, 2, 5, 6, 7
+HEADER_CRC = 16  # flag: the checksum covers the header only
 CM_PORT = 5197
 MAX_UDP = 65507
 ETH_P_ALL = 0x0003
@@ -74,10 +75,12 @@ assert crc32c(b"123456789") == 0xE3069283
 
 
 def seal(packet):
-    """The packet with its checksum field set (CRC over the packet, field zero)."""
+    """The packet with its checksum field set: the CRC over the packet, or
+    over its header alone with the HEADER_CRC flag, the field taken as zero."""
     p = bytearray(packet)
     p[76:80] = b"\0\0\0\0"
-    p[76:80] = struct.pack(">I", crc32c(p))
+    covered = p[:80] if struct.unpack_from(">H", p, 4)[0] & HEADER_CRC else p
+    p[76:80] = struct.pack(">I", crc32c(covered))
     return bytes(p)
 
 

@@ -22,6 +22,9 @@
 #   gso-refused      the same where h2's route to h1 has a smaller MTU than
 #                    its device, so the kernel refuses GSO buffers: h2's
 #                    port falls back to single (fragmented) datagrams
+#   payload-crc      4 MiB messages, every byte checked, with the payload
+#                    CRC declined by both ends (the connection goes without
+#                    it) and by one end only (it keeps it)
 #
 # For each case a cluster comes up, the programs run on their hosts under
 # `timeout`, and the cluster goes down again (also on interruption).  Output:
@@ -50,7 +53,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -340,6 +343,30 @@ case_gso_refused() {
     [ "$g1" = true ] && [ "$g2" = false ] && [ "$n" = 1 ]
 }
 
+# A connection goes without the CRC-32C over payloads only when both ends
+# decline it: a stream of 4 MiB messages (every byte checked) with
+# VIA_PAYLOAD_CRC=off on h2, and on h1 too, then not; each process's
+# "network VI" line must report what its connection used.
+case_payload_crc() {
+    up 2 || return 1
+    ok=0
+    for h1 in off on; do
+        base=$logs/$tc.h1-$h1
+        pair stream "$base" 90 env VIA_PAYLOAD_CRC=$h1 VIA_LOG=via_provider=info \
+            "$out/stream" server h2 --size 4194304 --batch 4 \
+            -- env VIA_PAYLOAD_CRC=off VIA_LOG=via_provider=info \
+            "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 || ok=1
+        if [ $h1 = off ]; then want=false; else want=true; fi
+        for h in 1 2; do
+            got=$(grep 'network VI' "$base.h$h" | sed 's/\x1b\[[0-9;]*m//g' |
+                sed -n 's/.*payload_crc=\([a-z]*\).*/\1/p' | tail -n 1)
+            echo "VIA_PAYLOAD_CRC h1=$h1 h2=off: h$h payload_crc=${got:-?}"
+            [ "$got" = "$want" ] || { echo "h$h: expected payload_crc=$want"; ok=1; }
+        done
+    done
+    return "$ok"
+}
+
 run_one() {
     case $1 in
     names) case_names ;;
@@ -356,6 +383,7 @@ run_one() {
     gso-1500) case_gso 1500 ;;
     gso-9000) case_gso 9000 ;;
     gso-refused) case_gso_refused ;;
+    payload-crc) case_payload_crc ;;
     *)
         echo "no case '$1' (cases: $ALL_CASES)"
         return 1

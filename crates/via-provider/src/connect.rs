@@ -13,6 +13,7 @@ use crate::net::{NetLink, NetPort};
 use crate::nic::Nic;
 use crate::provider;
 use crate::timeout::Deadline;
+use crate::tuning::tuning;
 use crate::vi::{Vi, ViState};
 use parking_lot::Mutex;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -319,6 +320,7 @@ fn net_identity(vi: &Vi, remote_host: &[u8]) -> ViaResult<(Arc<NetPort>, u64, Ve
         rdma_write: a.rdma_write,
         rdma_read: a.rdma_read,
         segment: port.segment as u32,
+        payload_crc: tuning().payload_crc,
     };
     Ok((port, key, client::encode_endpoint(&endpoint)))
 }
@@ -329,6 +331,8 @@ fn net_link(vi: &Vi, port: Arc<NetPort>, key: u64, remote: &CmEndpoint) -> Arc<N
         reliable: a.reliability != SERVICE_UNRELIABLE,
         max_payload: port.segment.min(remote.segment as usize).max(1),
         max_message: a.max_transfer.min(u32::MAX as u64) as u32,
+        // Either end may insist on the CRC-32C over payloads.
+        payload_crc: tuning().payload_crc || remote.payload_crc,
         ..Default::default()
     };
     let local = via_reliable::Peer { vi: vi.handle as u32, key };

@@ -1111,7 +1111,7 @@ impl NetLink {
     /// Orderly disconnect: tell the peer, stop routing.
     pub fn disconnect(&self) {
         let mut st = self.state.lock();
-        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), "network VI disconnected");
+        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), payload_crc = st.session.config().payload_crc, "network VI disconnected");
         st.session.disconnect();
         st.flush(self, &mut NetEvents::new());
         drop(st);
@@ -1121,7 +1121,7 @@ impl NetLink {
     /// Breaks the connection, telling the peer `code` if given; stops routing.
     pub fn close(&self, code: Option<u32>) {
         let mut st = self.state.lock();
-        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), "network VI broken");
+        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), payload_crc = st.session.config().payload_crc, "network VI broken");
         if let Some(code) = code {
             st.session.close(code);
         }

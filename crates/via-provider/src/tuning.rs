@@ -2,8 +2,8 @@
 //! environment (`docs/tuning.md`).  Each alternative is a real code path:
 //! the doorbell of a send (`doorbell`), the completion queue's
 //! implementation (`cq`), the small-message path (`vi::deliver`), the
-//! network transport's segment size and receive batch (`net`), and the
-//! spin before sleeping (`timeout`).
+//! network transport's segment size, receive batch and payload checksum
+//! (`net`, `connect`), and the spin before sleeping (`timeout`).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -55,6 +55,11 @@ pub struct Tuning {
     pub recv_batch: usize,
     /// `VIA_SPIN_US`: microseconds, or `adaptive` (default 50).
     pub spin: Spin,
+    /// `VIA_PAYLOAD_CRC`: `on` (default) or `off`.  Off declines the
+    /// CRC-32C over payloads on the network; a connection goes without it
+    /// only if both ends decline, and its payloads then rest on UDP's
+    /// checksum, as TCP's do.
+    pub payload_crc: bool,
     /// `VIA_PROFILE`: time the stages of the data path and append them to this file at `VipCloseNic`.
     pub profile: Option<PathBuf>,
 }
@@ -71,6 +76,7 @@ impl Default for Tuning {
             segment_size: None,
             recv_batch: 32,
             spin: Spin::Fixed(Duration::from_micros(50)),
+            payload_crc: true,
             profile: None,
         }
     }
@@ -122,6 +128,13 @@ impl Tuning {
                 _ => return Err(bad("VIA_SPIN_US", &v, "microseconds or adaptive")),
             };
         }
+        if let Some(v) = get("VIA_PAYLOAD_CRC") {
+            t.payload_crc = match v.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => return Err(bad("VIA_PAYLOAD_CRC", &v, "on or off")),
+            };
+        }
         t.profile = get("VIA_PROFILE").filter(|v| !v.is_empty()).map(PathBuf::from);
         Ok(t)
     }
@@ -149,6 +162,7 @@ impl Tuning {
                     Spin::Adaptive => "adaptive".into(),
                 },
             ),
+            ("payload_crc", if self.payload_crc { "on" } else { "off" }.into()),
         ]
     }
 }
@@ -197,6 +211,7 @@ mod tests {
             ("VIA_SEGMENT_SIZE", "4096"),
             ("VIA_RECV_BATCH", "1"),
             ("VIA_SPIN_US", "adaptive"),
+            ("VIA_PAYLOAD_CRC", "off"),
             ("VIA_PROFILE", "/tmp/p.json"),
         ])
         .unwrap();
@@ -206,6 +221,7 @@ mod tests {
         assert_eq!(t.segment_size, Some(4096));
         assert_eq!(t.recv_batch, 1);
         assert_eq!(t.spin, Spin::Adaptive);
+        assert!(!t.payload_crc);
         assert_eq!(t.profile, Some(PathBuf::from("/tmp/p.json")));
         assert_eq!(parse(&[("VIA_DOORBELL", "d1")]).unwrap().doorbell, Doorbell::PerVi);
         assert_eq!(parse(&[("VIA_SPIN_US", "7")]).unwrap().spin, Spin::Fixed(Duration::from_micros(7)));
@@ -221,6 +237,7 @@ mod tests {
             ("VIA_RECV_BATCH", "65"),
             ("VIA_RECV_BATCH", "0"),
             ("VIA_SPIN_US", "fast"),
+            ("VIA_PAYLOAD_CRC", "1"),
         ] {
             let err = parse(&[(name, value)]).unwrap_err();
             assert!(err.contains(name), "{err}");

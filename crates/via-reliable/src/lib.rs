@@ -27,7 +27,7 @@ pub mod sim;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use via_wire::{Header, Kind, FLAG_FIRST, FLAG_IMMEDIATE, FLAG_LAST, FLAG_RELIABLE};
+use via_wire::{Header, Kind, FLAG_FIRST, FLAG_HEADER_CRC, FLAG_IMMEDIATE, FLAG_LAST, FLAG_RELIABLE};
 
 use rtt::RttEstimator;
 
@@ -71,6 +71,11 @@ pub struct Config {
     /// Longest message (in bytes) this session sends or accepts; the
     /// provider sets it to the VI's maximum transfer size.
     pub max_message: u32,
+    /// Checksum payloads with the CRC-32C (the default).  Without it the
+    /// session's packets carry [`FLAG_HEADER_CRC`] and their payloads rest
+    /// on UDP's checksum; with it the session refuses packets that carry
+    /// that flag.
+    pub payload_crc: bool,
 }
 
 impl Default for Config {
@@ -89,6 +94,7 @@ impl Default for Config {
             keepalive: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(10),
             max_message: u32::MAX,
+            payload_crc: true,
         }
     }
 }
@@ -587,6 +593,11 @@ impl Session {
             self.stats.bad_key += 1;
             return None;
         }
+        if header.has(FLAG_HEADER_CRC) && self.config.payload_crc {
+            // Its payload was not checked as this connection agreed.
+            self.stats.invalid += 1;
+            return None;
+        }
         self.stats.packets_received += 1;
         self.last_heard = now;
         self.last_probe = None;
@@ -764,6 +775,9 @@ impl Session {
         let mut flags = flags;
         if self.config.reliable {
             flags |= FLAG_RELIABLE;
+        }
+        if !self.config.payload_crc {
+            flags |= FLAG_HEADER_CRC;
         }
         Header {
             kind,

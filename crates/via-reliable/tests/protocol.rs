@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use via_reliable::sim::{run, Script, SimConfig};
 use via_reliable::{BreakReason, Config, Event, MsgKind, OutMessage, PayloadRef, Peer, SendError, Session, Transmit};
-use via_wire::{Header, Kind, Packet, FLAG_FIRST, FLAG_IMMEDIATE, FLAG_LAST, FLAG_RELIABLE};
+use via_wire::{Header, Kind, Packet, FLAG_FIRST, FLAG_HEADER_CRC, FLAG_IMMEDIATE, FLAG_LAST, FLAG_RELIABLE};
 
 const A: Peer = Peer { vi: 11, key: 0xA11C_E000_0000_0001 };
 const B: Peer = Peer { vi: 22, key: 0xB0B0_0000_0000_0002 };
@@ -339,6 +339,42 @@ fn packets_with_a_wrong_key_or_vi_are_counted_and_ignored() {
     let brk = Header { kind: Kind::Break, key: 12345, seq: 2, ..p.header };
     b.handle_packet(t0, &brk, &[]);
     assert!(!b.is_closed());
+}
+
+#[test]
+fn without_the_payload_crc_packets_say_so_and_a_checking_session_refuses_them() {
+    let t0 = Instant::now();
+    let unchecked = Config { payload_crc: false, ..Config::default() };
+    let (mut a, mut b) = pair(unchecked.clone(), t0);
+    a.send(msg(1, 300)).unwrap();
+    let p = drain(&mut a, t0)[0];
+    assert_eq!(p.header.flags, FLAG_FIRST | FLAG_LAST | FLAG_RELIABLE | FLAG_HEADER_CRC);
+    // The checksum covers the header alone: a changed payload byte passes
+    // (UDP's checksum is what guards it), a changed header byte does not.
+    let bytes = via_wire::encode(&p.header, &gather(p.payload));
+    let mut payload_hit = bytes.clone();
+    payload_hit[via_wire::HEADER_LEN + 5] ^= 1;
+    assert!(Packet::new_checked(&payload_hit[..]).is_ok());
+    let mut header_hit = bytes.clone();
+    header_hit[40] ^= 1;
+    assert!(Packet::new_checked(&header_hit[..]).is_err());
+    deliver(&mut b, t0, &p);
+    assert!(matches!(events(&mut b).as_slice(), [Event::Segment { first: true, last: true, .. }]));
+
+    // A session that checksums payloads refuses the same packet unread.
+    let mut checking = Session::new(Config::default(), B, A, t0);
+    deliver(&mut checking, t0, &p);
+    assert_eq!(checking.stats().invalid, 1);
+    assert_eq!(checking.stats().packets_received, 0);
+    assert!(events(&mut checking).is_empty());
+    // ...and a session that does not still takes packets checked whole.
+    let (mut c, _) = pair(Config::default(), t0);
+    c.send(msg(2, 300)).unwrap();
+    let q = drain(&mut c, t0)[0];
+    assert_eq!(q.header.flags & FLAG_HEADER_CRC, 0);
+    let mut d = Session::new(unchecked, B, A, t0);
+    deliver(&mut d, t0, &q);
+    assert!(matches!(events(&mut d).as_slice(), [Event::Segment { first: true, last: true, .. }]));
 }
 
 #[test]

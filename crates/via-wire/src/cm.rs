@@ -44,6 +44,7 @@ const KIND_KEEPALIVE_REPLY: u8 = 7;
 
 const EP_RDMA_WRITE: u8 = 1;
 const EP_RDMA_READ: u8 = 2;
+const EP_PAYLOAD_CRC: u8 = 4;
 const REQ_PEER: u8 = 1;
 
 /// One end of a connection as the CM exchange describes it.
@@ -66,6 +67,9 @@ pub struct CmEndpoint {
     pub rdma_read: bool,
     /// Payload bytes per packet this end sends and accepts.
     pub segment: u32,
+    /// Whether this end wants the CRC-32C over payloads: a connection
+    /// checksums its payloads unless both ends decline.
+    pub payload_crc: bool,
 }
 
 /// A CM message.
@@ -277,6 +281,9 @@ fn put_endpoint(b: &mut Vec<u8>, e: &CmEndpoint) {
     if e.rdma_read {
         flags |= EP_RDMA_READ;
     }
+    if e.payload_crc {
+        flags |= EP_PAYLOAD_CRC;
+    }
     b.push(flags);
     b.extend_from_slice(&e.segment.to_be_bytes());
 }
@@ -326,7 +333,7 @@ impl<'a> Reader<'a> {
         let reliability = self.u16()?;
         let max_transfer = self.u32()?;
         let flags = self.u8()?;
-        if flags & !(EP_RDMA_WRITE | EP_RDMA_READ) != 0 {
+        if flags & !(EP_RDMA_WRITE | EP_RDMA_READ | EP_PAYLOAD_CRC) != 0 {
             return Err(WireError::ReservedFlags);
         }
         let segment = self.u32()?;
@@ -339,6 +346,7 @@ impl<'a> Reader<'a> {
             rdma_write: flags & EP_RDMA_WRITE != 0,
             rdma_read: flags & EP_RDMA_READ != 0,
             segment,
+            payload_crc: flags & EP_PAYLOAD_CRC != 0,
         })
     }
 }
@@ -357,6 +365,7 @@ mod tests {
             rdma_write: true,
             rdma_read: v6,
             segment: 1400,
+            payload_crc: !v6,
         }
     }
 

@@ -8,7 +8,7 @@
 //!
 //! All integers are big-endian.  Every packet is an 80-byte header followed
 //! by `payload_len` bytes of payload, and carries a CRC-32C of the whole
-//! packet.
+//! packet, or of its header alone when it has [`FLAG_HEADER_CRC`].
 
 #![warn(missing_docs)]
 
@@ -35,8 +35,12 @@ pub const FLAG_LAST: u16 = 2;
 pub const FLAG_IMMEDIATE: u16 = 4;
 /// The sender runs a reliable session (reliable delivery or reception).
 pub const FLAG_RELIABLE: u16 = 8;
+/// The checksum covers the header only: the payload rests on UDP's own
+/// checksum, as TCP's does (both ends declined the payload CRC when they
+/// connected).
+pub const FLAG_HEADER_CRC: u16 = 16;
 /// Every flag bit version 1 defines; the others must be zero.
-pub const FLAGS_KNOWN: u16 = FLAG_FIRST | FLAG_LAST | FLAG_IMMEDIATE | FLAG_RELIABLE;
+pub const FLAGS_KNOWN: u16 = FLAG_FIRST | FLAG_LAST | FLAG_IMMEDIATE | FLAG_RELIABLE | FLAG_HEADER_CRC;
 
 /// BREAK code a session sends when a packet exhausted its retransmissions.
 pub const BREAK_RETRANSMITS: u32 = 0xFFFF_0001;
@@ -173,11 +177,16 @@ fn get_u64(b: &[u8], r: std::ops::Range<usize>) -> u64 {
     u64::from_be_bytes(b[r].try_into().expect("eight bytes"))
 }
 
-/// The checksum of a whole packet, computed as if its checksum field were
-/// zero.  `buf` must hold at least [`HEADER_LEN`] bytes.
+/// The checksum of a packet, computed as if its checksum field were zero:
+/// over the whole packet, or over the header alone if its flags say so (a
+/// flipped flag bit then fails the header's checksum).  `buf` must hold at
+/// least [`HEADER_LEN`] bytes.
 fn compute_checksum(buf: &[u8]) -> u32 {
     let c = crc32c::crc32c(&buf[..field::CHECKSUM.start]);
     let c = crc32c::crc32c_append(c, &[0; 4]);
+    if get_u16(buf, field::FLAGS) & FLAG_HEADER_CRC != 0 {
+        return c;
+    }
     crc32c::crc32c_append(c, &buf[HEADER_LEN..])
 }
 

@@ -139,6 +139,33 @@ fn every_flipped_byte_is_caught() {
 }
 
 #[test]
+fn a_header_crc_packet_checks_its_header_and_leaves_its_payload_to_udp() {
+    let header = Header { flags: FLAG_FIRST | FLAG_HEADER_CRC, ..sample_header() };
+    let b = encode(&header, b"payload bytes");
+    let mut whole = b.clone();
+    whole[5] &= !(FLAG_HEADER_CRC as u8);
+    finish(&mut whole);
+    assert_ne!(Packet::new_unchecked(&b[..]).checksum(), Packet::new_unchecked(&whole[..]).checksum());
+    for i in HEADER_LEN..b.len() {
+        let mut c = b.clone();
+        c[i] ^= 0xff;
+        assert!(Packet::new_checked(&c[..]).is_ok(), "payload byte {i}");
+    }
+    for i in 0..HEADER_LEN {
+        let mut c = b.clone();
+        c[i] ^= 0x01;
+        assert!(Packet::new_checked(&c[..]).is_err(), "header byte {i}");
+    }
+    // The flag itself is covered: set or cleared on the way, it fails.
+    let mut cleared = b.clone();
+    cleared[5] &= !(FLAG_HEADER_CRC as u8);
+    assert_eq!(Packet::new_checked(&cleared[..]).unwrap_err(), WireError::BadChecksum);
+    let mut set = whole.clone();
+    set[5] |= FLAG_HEADER_CRC as u8;
+    assert_eq!(Packet::new_checked(&set[..]).unwrap_err(), WireError::BadChecksum);
+}
+
+#[test]
 fn field_checks_come_before_the_checksum() {
     let b = encode(&sample_header(), b"");
     let refill = |mut c: Vec<u8>| {
@@ -158,7 +185,7 @@ fn field_checks_come_before_the_checksum() {
     c[3] = 200;
     assert_eq!(refill(c), WireError::UnknownKind(200));
     let mut c = b.clone();
-    c[5] |= 0x10;
+    c[5] |= 0x20;
     assert_eq!(refill(c), WireError::ReservedFlags);
     let mut c = b.clone();
     c[4] = 0x80;

@@ -505,6 +505,7 @@ mod tests {
             rdma_write: true,
             rdma_read: false,
             segment: 1400,
+            payload_crc: true,
         }
     }
 

@@ -440,6 +440,7 @@ mod tests {
             rdma_write: false,
             rdma_read: false,
             segment: 1400,
+            payload_crc: true,
         }
     }
 

@@ -217,6 +217,7 @@ fn unreachable_host() {
         rdma_write: false,
         rdma_read: false,
         segment: 1400,
+        payload_crc: true,
     };
     let info = encode_endpoint(&ep);
     let t = Instant::now();
@@ -396,6 +397,7 @@ fn cm_port_survives_garbage_and_odd_messages() {
         rdma_write: true,
         rdma_read: true,
         segment: 1400,
+        payload_crc: true,
     };
     // A small deterministic generator keeps the test reproducible.
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;

@@ -205,6 +205,7 @@ fn endpoint(addr: &str, vi: u32) -> CmEndpoint {
         rdma_write: vi.is_multiple_of(2),
         rdma_read: true,
         segment: 1400,
+        payload_crc: true,
     }
 }
 
