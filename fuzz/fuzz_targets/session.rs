@@ -73,6 +73,7 @@ fuzz_target!(|data: &[u8]| {
         window,
         ack_every: 1 + (input.u8() % 4) as u32,
         max_message: if mode & 2 != 0 { 1000 } else { u32::MAX },
+        payload_crc: mode & 4 == 0,
         ..Config::default()
     };
     let mut now = Instant::now();
