@@ -771,6 +771,7 @@ impl Session {
 
     /// A header addressed to the peer; `emit` fills the acknowledgement
     /// fields when the packet leaves.
+    #[inline]
     fn header(&self, kind: Kind, flags: u16, seq: u32) -> Header {
         let mut flags = flags;
         if self.config.reliable {
@@ -792,15 +793,14 @@ impl Session {
 
     /// Stamps the current acknowledgement state into `header` and hands the
     /// packet out; it acknowledges everything received so far.
-    fn emit(&mut self, mut header: Header, payload: Option<PayloadRef>) -> Transmit {
-        header.ack = self.rcv_next;
-        header.sack = self.sack_bits();
-        header.window = self.window;
+    #[inline]
+    fn emit(&mut self, header: Header, payload: Option<PayloadRef>) -> Transmit {
+        let (ack, sack, window) = (self.rcv_next, self.sack_bits(), self.window);
         self.unacked = 0;
         self.ack_deadline = None;
         self.ack_now = false;
         self.stats.packets_sent += 1;
-        Transmit { header, payload }
+        Transmit { header: Header { ack, sack, window, ..header }, payload }
     }
 
     fn control_packet(&mut self, c: Control) -> Transmit {
@@ -861,30 +861,19 @@ impl Session {
         if offset + len == m.msg.len {
             flags |= FLAG_LAST;
         }
-        let mut h = Header { msg: m.number, offset, total: m.msg.len, ..Header::default() };
-        h.kind = match m.msg.kind {
-            MsgKind::Send => Kind::Data,
-            MsgKind::RdmaWrite { addr, handle } => {
-                h.addr = addr;
-                h.handle = handle;
-                Kind::RdmaWrite
-            }
-            MsgKind::RdmaReadRequest { addr, handle, len } => {
-                h.addr = addr;
-                h.handle = handle;
-                h.total = len;
-                Kind::RdmaReadReq
-            }
-            MsgKind::RdmaReadResponse { request, status } => {
-                h.imm = request;
-                h.status = status;
-                Kind::RdmaReadResp
-            }
+        // Every field in one expression, so that the header is built where
+        // it is stored, not stored piecewise and copied (a stalled load).
+        let (kind, total, addr, handle, mut imm, status) = match m.msg.kind {
+            MsgKind::Send => (Kind::Data, m.msg.len, 0, 0, 0, 0),
+            MsgKind::RdmaWrite { addr, handle } => (Kind::RdmaWrite, m.msg.len, addr, handle, 0, 0),
+            MsgKind::RdmaReadRequest { addr, handle, len } => (Kind::RdmaReadReq, len, addr, handle, 0, 0),
+            MsgKind::RdmaReadResponse { request, status } => (Kind::RdmaReadResp, m.msg.len, 0, 0, request, status),
         };
-        if let Some(imm) = m.msg.imm {
+        if let Some(v) = m.msg.imm {
             flags |= FLAG_IMMEDIATE;
-            h.imm = imm;
+            imm = v;
         }
+        let number = m.number;
         let payload = (len > 0).then_some(PayloadRef { token: m.msg.token, offset, len });
         m.next_offset = offset + len;
         let last = flags & FLAG_LAST != 0;
@@ -898,17 +887,7 @@ impl Session {
         }
         self.snd_nxt = seq.wrapping_add(1);
 
-        let base = self.header(h.kind, flags, seq);
-        let header = Header {
-            msg: h.msg,
-            offset: h.offset,
-            total: h.total,
-            imm: h.imm,
-            addr: h.addr,
-            handle: h.handle,
-            status: h.status,
-            ..base
-        };
+        let header = Header { msg: number, offset, total, imm, addr, handle, status, ..self.header(kind, flags, seq) };
         if reliable {
             self.tx_order += 1;
             self.inflight.push_back(SentPacket {
