@@ -642,13 +642,12 @@ impl Vi {
                     broken = Some(LOST);
                 }
             } else if hdr.flags & FLAG_INLINE != 0 {
-                let mut dst: smallvec::SmallVec<[&mut [u8]; 2]> = item
+                let dst = item
                     .segs
                     .iter()
                     // SAFETY: validated against the registry when posted.
-                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) })
-                    .collect();
-                length = rx.read_payload(&mut dst) as u32;
+                    .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) });
+                length = rx.read_payload_into(dst) as u32;
             }
             item.desc.complete(status, length, imm);
             item.done = true;
@@ -1014,7 +1013,7 @@ fn deliver(
         ..Default::default()
     };
     let mut result = (0, total as u32, None);
-    let mut payload: smallvec::SmallVec<[&[u8]; 2]> = smallvec::SmallVec::new();
+    let mut payload: &[LocalSeg] = &[];
     if entry.as_ref().is_some_and(|e| total > e.total) {
         hdr.status = STATUS_LENGTH_ERROR;
         hdr.length = 0;
@@ -1025,12 +1024,7 @@ fn deliver(
     } else if inline {
         hdr.flags |= FLAG_INLINE;
         tally.add(Counter::InlineSends, 1);
-        // SAFETY: validated against the registry when posted.
-        payload = wr
-            .segs
-            .iter()
-            .map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) })
-            .collect();
+        payload = &wr.segs;
     } else if let Some(entry) = entry.filter(|_| total > 0) {
         // Only as much of the receive buffers as the message fills: the kernel
         // pins every page of the remote ranges it is given.
@@ -1050,7 +1044,9 @@ fn deliver(
             _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
         }
     }
-    if conn.seg.tx().push(&hdr, &payload).is_err() {
+    // SAFETY: validated against the registry when posted.
+    let pieces = payload.iter().map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) });
+    if conn.seg.tx().push_gather(&hdr, pieces).is_err() {
         return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
     }
     if conn.peer.recv_cq != NO_CQ {

@@ -174,8 +174,18 @@ impl Ring {
     /// consumer is `RING_SLOTS` behind, `TooSmall` for a payload over
     /// `INLINE_MAX`, `Corrupt` when the peer's tail is impossible.
     pub fn push(&self, hdr: &SlotHeader, payload: &[&[u8]]) -> Result<(), ShmError> {
+        self.push_gather(hdr, payload.iter().copied())
+    }
+
+    /// [`Ring::push`] with the payload's pieces from an iterator, which is
+    /// walked twice: a sender gathers straight from its buffers, without a
+    /// list of them to build and move first.
+    pub fn push_gather<'a, I>(&self, hdr: &SlotHeader, payload: I) -> Result<(), ShmError>
+    where
+        I: Iterator<Item = &'a [u8]> + Clone,
+    {
         let total = payload
-            .iter()
+            .clone()
             .try_fold(0usize, |acc, p| acc.checked_add(p.len()))
             .filter(|&t| t <= INLINE_MAX)
             .ok_or(ShmError::TooSmall)?;
@@ -230,6 +240,11 @@ impl Ring {
     /// filling the slices in order; returns the bytes copied
     /// (`min(inline_len, total of dst)`, 0 if nothing was peeked).
     pub fn read_payload(&self, dst: &mut [&mut [u8]]) -> usize {
+        self.read_payload_into(dst.iter_mut().map(|d| &mut **d))
+    }
+
+    /// [`Ring::read_payload`] into the slices an iterator gives.
+    pub fn read_payload_into<'a>(&self, dst: impl Iterator<Item = &'a mut [u8]>) -> usize {
         let len = self.peeked.load(Relaxed);
         if len == NOT_PEEKED {
             return 0;
@@ -239,7 +254,7 @@ impl Ring {
         // SAFETY: the payload area of the slot holds INLINE_MAX >= left bytes.
         let mut src = unsafe { self.peeked_slot().add(SLOT_HEADER_BYTES) };
         let mut copied = 0;
-        for d in dst.iter_mut() {
+        for d in dst {
             let n = d.len().min(left);
             // SAFETY: n bytes remain in the payload area and fit in `d`.
             unsafe {
