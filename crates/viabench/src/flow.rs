@@ -4,9 +4,10 @@
 //! Each side of a VI keeps a ring of `R` receive descriptors posted.  A
 //! message of either kind consumes one of the peer's, so a side may send only
 //! while it holds *credits*: receives the peer has posted that it has not
-//! used yet.  A receiver reposts every descriptor as soon as it has taken the
-//! message out, and announces the reposted ones to the peer in the immediate
-//! data of the next message it sends ([`Immediate`]).  When it has nothing to
+//! used yet.  A receiver posts every descriptor again once it has handled the
+//! message (after its answer, if it sends one, and before it waits for the
+//! next), and announces the reposted ones to the peer in the immediate data
+//! of the next message it sends ([`Immediate`]).  When it has nothing to
 //! send and has reposted half its ring without telling the peer, it sends a
 //! *continue* message: a zero-byte send that carries only the grant.
 //!
@@ -88,11 +89,16 @@ impl Credits {
         Immediate { grant, control }
     }
 
-    /// A message arrived and its descriptor was reposted.
+    /// A message arrived: takes its grant.
     pub fn on_receive(&mut self, imm: Immediate) {
         self.credits += imm.grant;
+        debug_assert!(self.credits <= self.ring);
+    }
+
+    /// A receive descriptor was posted again.
+    pub fn on_repost(&mut self) {
         self.pending += 1;
-        debug_assert!(self.credits <= self.ring && self.pending <= self.ring);
+        debug_assert!(self.pending <= self.ring);
     }
 
     /// Whether a continue message should go now.
@@ -177,6 +183,7 @@ mod tests {
         let mut c = Credits::new(3);
         c.on_send(false);
         c.on_receive(Immediate { grant: 1, control: true });
+        c.on_repost();
         assert!(!c.wants_continue());
     }
 
@@ -206,7 +213,8 @@ mod tests {
         }
         assert_eq!(c.credits, 1);
         c.on_receive(Immediate { grant: 4, control: true });
-        assert_eq!((c.credits, c.pending), (5, 1));
+        assert_eq!((c.credits, c.pending), (5, 0));
+        c.on_repost();
         let imm = c.on_send(false);
         assert_eq!(imm.grant, 1);
         assert_eq!(c.pending, 0);
@@ -245,17 +253,16 @@ mod tests {
             let mut progressed = false;
             for me in 0..2 {
                 let peer = 1 - me;
-                // Receive everything in flight towards me.
+                // Receive everything in flight towards me; the descriptors
+                // are posted again after the sends below, as viabench does.
+                let mut taken = 0;
                 while let Some(imm) = wire[peer].pop_front() {
                     posted[me] -= 1;
                     assert!(posted[me] >= 0, "receive queue overrun");
-                    posted[me] += 1; // reposted at once
+                    taken += 1;
                     side[me].on_receive(imm);
                     if !imm.control {
                         got[me] += 1;
-                    }
-                    if side[me].wants_continue() {
-                        wire[me].push_back(side[me].on_send(true));
                     }
                     progressed = true;
                 }
@@ -264,6 +271,13 @@ mod tests {
                     wire[me].push_back(side[me].on_send(false));
                     to_send[me] -= 1;
                     progressed = true;
+                }
+                for _ in 0..taken {
+                    posted[me] += 1;
+                    side[me].on_repost();
+                }
+                if side[me].wants_continue() {
+                    wire[me].push_back(side[me].on_send(true));
                 }
             }
             // Side 1 answers a complete block; side 0 starts the next one

@@ -41,6 +41,8 @@ struct ViSlot {
     area: *mut u8,
     cursor: Cursor,
     connected: bool,
+    /// Receive descriptors taken out and not yet posted again (`repost`).
+    reposts: Vec<u32>,
 }
 
 /// A VIA link: one or more connected VIs.
@@ -67,6 +69,8 @@ pub struct ViaLink {
     kept: Vec<(usize, usize, usize)>,
     /// VI handle -> index, for CQ completions.
     index: HashMap<usize, usize>,
+    /// VIs with receive descriptors to post again.
+    dirty: Vec<usize>,
     nic_addr: Vec<u8>,
     tag: String,
     messages: u64,
@@ -106,6 +110,7 @@ impl ViaLink {
             remote: Vec::new(),
             kept: Vec::new(),
             index: HashMap::new(),
+            dirty: Vec::new(),
             nic_addr: Vec::new(),
             tag: spec.tag.clone(),
             messages: 0,
@@ -178,6 +183,7 @@ impl ViaLink {
                 area,
                 cursor: Cursor::new(slots),
                 connected: false,
+                reposts: Vec::with_capacity(ring),
             });
             for i in 0..ring {
                 link.post_recv(v, i)?;
@@ -325,9 +331,29 @@ impl ViaLink {
         self.post_send(v, VIP_CONTROL_IMMEDIATE, imm.encode(), &[])
     }
 
+    /// Posts again the receive descriptors taken out since the last call,
+    /// and answers with a continue where one is due.  Called after a send
+    /// and before a wait, as ucx_perftest posts its next receive after its
+    /// reply: the peer's next message needs one of the other descriptors of
+    /// the ring, not this one, so the repost stays off the way from a
+    /// message to its answer.  The grant announces only receives posted.
+    fn repost(&mut self) -> Result<()> {
+        for v in std::mem::take(&mut self.dirty) {
+            for i in std::mem::take(&mut self.vis[v].reposts) {
+                self.post_recv(v, i as usize)?;
+                self.vis[v].credits.on_repost();
+            }
+            if self.vis[v].credits.wants_continue() {
+                self.send_continue(v)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Waits for the next receive completion: on the current VI, or on any
     /// VI through the CQ.
     fn next_recv(&mut self) -> Result<(usize, *mut Descriptor)> {
+        self.repost()?;
         let deadline = Deadline::after(self.timeout);
         let mut spins = 0u32;
         let mut d: *mut Descriptor = std::ptr::null_mut();
@@ -382,9 +408,9 @@ impl ViaLink {
         }
     }
 
-    /// Handles a completed receive of VI `v`: checks it, reposts its
-    /// descriptor, takes the grant, answers with a continue if due.
-    /// Returns the data chunk (address, length), or `None` for a continue.
+    /// Handles a completed receive of VI `v`: checks it, takes the grant and
+    /// leaves its descriptor to `repost`.  Returns the data chunk (address,
+    /// length), or `None` for a continue.
     fn handle(&mut self, v: usize, d: *mut Descriptor) -> Result<Option<(usize, usize)>> {
         // SAFETY (here and below): VipRecvDone returned one of our receive descriptors.
         let status = unsafe { Descriptor::status(d) };
@@ -400,11 +426,11 @@ impl ViaLink {
         let addr = unsafe { (*d).ds[0].data } as usize;
         let s = &self.vis[v];
         let i = (d as usize - s.recv as usize) / VIP_DESCRIPTOR_ALIGNMENT;
-        self.post_recv(v, i)?;
-        self.vis[v].credits.on_receive(imm);
-        if self.vis[v].credits.wants_continue() {
-            self.send_continue(v)?;
+        if s.reposts.is_empty() {
+            self.dirty.push(v);
         }
+        self.vis[v].reposts.push(i as u32);
+        self.vis[v].credits.on_receive(imm);
         if imm.control {
             if len != 0 {
                 return Err(Error::new("a continue message with data"));
