@@ -15,13 +15,13 @@
 use crate::counters::{Counter, StageTimer};
 use crate::handles::{Handle, Kind, ThreadCache};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
-use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
+use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::tuning::{tuning, CqMode};
 use crate::{provider, Vi};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use via_core::consts::limits;
 use via_core::error::{ViaError, ViaResult};
 use via_shm::inbox::INBOX_ENTRIES;
@@ -228,19 +228,20 @@ impl Cq {
     /// `VipCQWait`.
     pub fn wait(&self, timeout_ms: u64) -> ViaResult<CqEntry> {
         let deadline = Deadline::after_ms(timeout_ms);
-        let start = Instant::now();
-        let spin_until = start + spin_window();
+        let mut spin = SpinWait::start(&deadline);
         loop {
             if let Ok(e) = self.done() {
-                waited(start.elapsed());
+                spin.done();
                 return Ok(e);
             }
-            if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
+            if self.destroyed.load(Ordering::Acquire) {
                 return Err(ViaError::Timeout);
             }
-            if Instant::now() < spin_until {
-                std::hint::spin_loop();
+            if spin.spin() {
                 continue;
+            }
+            if deadline.passed() {
+                return Err(ViaError::Timeout);
             }
             let nap = match tuning().cq {
                 CqMode::Entries => Duration::from_millis(50),

@@ -47,9 +47,53 @@ pub fn spin_window() -> Duration {
 }
 
 /// Tells the adaptive spin how long a wait that succeeded took.
-pub fn waited(took: Duration) {
+fn waited(took: Duration) {
     if tuning().spin == Spin::Adaptive {
         ADAPTIVE.lock().record(took);
+    }
+}
+
+/// The spinning part of a wait (`VipRecvWait`, `VipCQWait`).  A clock read
+/// costs about as much as a poll, so the spin reads it on every
+/// `CLOCK_EVERY`-th empty poll only (the first included, for a wait of no
+/// time), and a wait that succeeds reads it again only for the adaptive
+/// spin: an answer within the window is noticed about as soon as polling
+/// would notice it.
+pub struct SpinWait {
+    start: Instant,
+    /// The end of the window, or the deadline if that is sooner.
+    until: Instant,
+    polls: u32,
+    spinning: bool,
+}
+
+impl SpinWait {
+    /// A wait starting now, with `deadline`.
+    pub fn start(deadline: &Deadline) -> SpinWait {
+        let start = Instant::now();
+        let window = start + spin_window();
+        let until = deadline.0.map_or(window, |d| d.min(window));
+        SpinWait { start, until, polls: 0, spinning: true }
+    }
+
+    /// After an empty poll: whether to poll again at once (still within the
+    /// window).  Once false, it stays false.
+    pub fn spin(&mut self) -> bool {
+        if self.spinning && self.polls.is_multiple_of(CLOCK_EVERY) && Instant::now() >= self.until {
+            self.spinning = false;
+        }
+        self.polls = self.polls.wrapping_add(1);
+        if self.spinning {
+            std::hint::spin_loop();
+        }
+        self.spinning
+    }
+
+    /// The wait succeeded.
+    pub fn done(&self) {
+        if tuning().spin == Spin::Adaptive {
+            waited(self.start.elapsed());
+        }
     }
 }
 
@@ -216,6 +260,20 @@ thread_local! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spin_ends_with_its_window_or_its_deadline() {
+        // A wait of no time does not spin at all.
+        assert!(!SpinWait::start(&Deadline::after_ms(0)).spin());
+        // A later deadline: spins until the window (50 µs by default) is
+        // over, noticed within CLOCK_EVERY polls, and then no more.
+        let mut spin = SpinWait::start(&Deadline::after_ms(10_000));
+        assert!(spin.spin());
+        std::thread::sleep(spin_window() + Duration::from_millis(1));
+        let polls = (0..=CLOCK_EVERY).take_while(|_| spin.spin()).count();
+        assert!(polls < CLOCK_EVERY as usize, "still spinning after {polls} polls past the window");
+        assert!(!spin.spin());
+    }
 
     fn after(waits_us: &[u64]) -> Duration {
         let mut a = Adaptive::new();

@@ -16,7 +16,7 @@ use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::{Handle, ThreadCache};
 use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
 use crate::queue_lock::{QueueGuard, QueueMutex};
-use crate::timeout::{done_first, poll_answer, spin_window, waited, Deadline};
+use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::vi_attrs::AttrCell;
 pub use crate::vi_attrs::ViAttrs;
@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use via_core::consts::*;
 use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, Segs, WorkRequest};
 use via_core::error::{ViaError, ViaResult};
@@ -704,24 +704,25 @@ impl Vi {
     /// `VipRecvWait`.
     pub fn recv_wait(&self, timeout_ms: u64) -> ViaResult<DescPtr> {
         let deadline = Deadline::after_ms(timeout_ms);
-        let start = Instant::now();
-        let spin_until = start + spin_window();
+        let mut spin = SpinWait::start(&deadline);
         loop {
             let word = self.wake_word.load(Ordering::Acquire);
             match self.recv_done() {
                 Ok(d) => {
-                    waited(start.elapsed());
+                    spin.done();
                     return Ok(d);
                 }
                 Err(ViaError::NotDone) => {}
                 Err(e) => return Err(e),
             }
-            if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
+            if self.destroyed.load(Ordering::Acquire) {
                 return Err(ViaError::Timeout);
             }
-            if Instant::now() < spin_until {
-                std::hint::spin_loop();
+            if spin.spin() {
                 continue;
+            }
+            if deadline.passed() {
+                return Err(ViaError::Timeout);
             }
             let seg = self.recv.lock().seg.clone();
             let nap = deadline.next_sleep(Duration::from_millis(50));
