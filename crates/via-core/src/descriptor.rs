@@ -197,26 +197,23 @@ pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) 
         remote = Some((seg.addr, seg.handle));
         first_data = 1;
     }
-    let immediate = (control & CONTROL_IMMEDIATE != 0 && !receive_queue).then(|| desc.immediate());
-    // Built where it is returned and filled there: a request assembled
-    // elsewhere and moved would be read back wide right after its narrow
-    // stores, and wait for them (a failed store-to-load forward).
-    let mut wr =
-        WorkRequest { op, immediate, fence: control & CONTROL_QFENCE != 0, remote, segs: Segs::new(), total: 0 };
+    let mut segs = Segs::new();
+    let mut total = 0u64;
     for i in first_data..count {
         let seg = desc.segment(i);
         if !rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag) {
             return Err(STATUS_PROTECTION_ERROR);
         }
-        wr.total += seg.len as u64;
+        total += seg.len as u64;
         if seg.len > 0 {
-            wr.segs.push(LocalSeg { addr: seg.addr, len: seg.len });
+            segs.push(LocalSeg { addr: seg.addr, len: seg.len });
         }
     }
-    if wr.total > rules.max_transfer {
+    if total > rules.max_transfer {
         return Err(STATUS_LENGTH_ERROR);
     }
-    Ok(wr)
+    let immediate = (control & CONTROL_IMMEDIATE != 0 && !receive_queue).then(|| desc.immediate());
+    Ok(WorkRequest { op, immediate, fence: control & CONTROL_QFENCE != 0, remote, segs, total })
 }
 
 #[cfg(test)]
