@@ -338,11 +338,15 @@ impl ViaLink {
     /// the ring, not this one, so the repost stays off the way from a
     /// message to its answer.  The grant announces only receives posted.
     fn repost(&mut self) -> Result<()> {
-        for v in std::mem::take(&mut self.dirty) {
-            for i in std::mem::take(&mut self.vis[v].reposts) {
-                self.post_recv(v, i as usize)?;
+        // Drained in place: the lists keep their room, so a message costs
+        // no allocation.
+        while let Some(v) = self.dirty.pop() {
+            for k in 0..self.vis[v].reposts.len() {
+                let i = self.vis[v].reposts[k] as usize;
+                self.post_recv(v, i)?;
                 self.vis[v].credits.on_repost();
             }
+            self.vis[v].reposts.clear();
             if self.vis[v].credits.wants_continue() {
                 self.send_continue(v)?;
             }
