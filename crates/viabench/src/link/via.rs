@@ -43,6 +43,9 @@ struct ViSlot {
     connected: bool,
     /// Receive descriptors taken out and not yet posted again (`repost`).
     reposts: Vec<u32>,
+    /// Whether half the send pool is out, so that `repost` takes back
+    /// what has completed.
+    reap_due: bool,
 }
 
 /// A VIA link: one or more connected VIs.
@@ -71,6 +74,8 @@ pub struct ViaLink {
     index: HashMap<usize, usize>,
     /// VIs with receive descriptors to post again.
     dirty: Vec<usize>,
+    /// VIs with half their send pool out (`ViSlot::reap_due`).
+    low: Vec<usize>,
     nic_addr: Vec<u8>,
     tag: String,
     messages: u64,
@@ -111,6 +116,7 @@ impl ViaLink {
             kept: Vec::new(),
             index: HashMap::new(),
             dirty: Vec::new(),
+            low: Vec::new(),
             nic_addr: Vec::new(),
             tag: spec.tag.clone(),
             messages: 0,
@@ -184,6 +190,7 @@ impl ViaLink {
                 cursor: Cursor::new(slots),
                 connected: false,
                 reposts: Vec::with_capacity(ring),
+                reap_due: false,
             });
             for i in 0..ring {
                 link.post_recv(v, i)?;
@@ -310,6 +317,10 @@ impl ViaLink {
         }
         let s = &mut self.vis[v];
         let i = s.free.pop().expect("a free send descriptor") as usize;
+        if s.free.len() <= self.pool / 2 && !s.reap_due {
+            s.reap_due = true;
+            self.low.push(v);
+        }
         let mut desc = Descriptor::default();
         desc.cs.control = control;
         desc.cs.immediate = imm;
@@ -332,11 +343,13 @@ impl ViaLink {
     }
 
     /// Posts again the receive descriptors taken out since the last call,
-    /// and answers with a continue where one is due.  Called after a send
-    /// and before a wait, as ucx_perftest posts its next receive after its
-    /// reply: the peer's next message needs one of the other descriptors of
-    /// the ring, not this one, so the repost stays off the way from a
-    /// message to its answer.  The grant announces only receives posted.
+    /// and answers with a continue where one is due; takes back the
+    /// completed sends of VIs with half their pool out.  Called after a
+    /// send and before a wait, as ucx_perftest posts its next receive after
+    /// its reply: the peer's next message needs one of the other
+    /// descriptors of the ring, not this one, so neither `VipPostRecv` nor
+    /// `VipSendDone` lies on the way from a message to its answer.  The
+    /// grant announces only receives posted.
     fn repost(&mut self) -> Result<()> {
         // Drained in place: the lists keep their room, so a message costs
         // no allocation.
@@ -349,6 +362,19 @@ impl ViaLink {
             self.vis[v].reposts.clear();
             if self.vis[v].credits.wants_continue() {
                 self.send_continue(v)?;
+            }
+        }
+        // A VI whose sends have not completed yet (over the network, the
+        // answer carries their acknowledgement) stays due.
+        let mut k = 0;
+        while k < self.low.len() {
+            let v = self.low[k];
+            self.reap(v, 0)?;
+            if self.vis[v].free.len() > self.pool / 2 {
+                self.vis[v].reap_due = false;
+                self.low.swap_remove(k);
+            } else {
+                k += 1;
             }
         }
         Ok(())
