@@ -168,6 +168,16 @@ thread_local! {
     static VIS: ThreadCache<Vi> = const { ThreadCache::new() };
 }
 
+/// How much of the ring `Vi::drain` moves in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Drain {
+    /// Every message that has arrived: before the queue is flushed.
+    All,
+    /// Messages until more than this many receives are complete: a poll
+    /// that reports one completion then looks at the ring no further.
+    Past(usize),
+}
+
 pub(crate) fn reliable(level: u16) -> bool {
     level != SERVICE_UNRELIABLE
 }
@@ -358,7 +368,8 @@ impl Vi {
     pub(crate) fn report_unseen(&self, recv: bool) -> bool {
         if recv {
             let mut q = self.recv.lock();
-            let broken = self.drain(&mut q);
+            let seen = q.cq_seen;
+            let broken = self.drain(&mut q, Drain::Past(seen));
             let unseen = q.done > q.cq_seen;
             q.cq_seen += unseen as usize;
             drop(q);
@@ -436,7 +447,7 @@ impl Vi {
             *self.net.lock() = None;
         }
         self.flush_sends(&mut s);
-        self.drain(&mut r);
+        self.drain(&mut r, Drain::All);
         self.flush(&mut r);
         r.inbound = None;
         r.dropping = None;
@@ -484,7 +495,7 @@ impl Vi {
             *self.net.lock() = None;
         }
         self.flush_sends(&mut s);
-        self.drain(&mut r);
+        self.drain(&mut r, Drain::All);
         self.flush(&mut r);
         r.inbound = None;
         r.dropping = None;
@@ -591,20 +602,20 @@ impl Vi {
         }
     }
 
-    /// Completes arrived messages in posting order.  Returns why the
-    /// connection must break: the peer wrote something that cannot be
-    /// true, or, on a reliable VI, an inline message was longer than its
-    /// receive buffer.
-    pub(crate) fn drain(&self, q: &mut RecvQueue) -> Option<Break> {
+    /// Completes arrived messages in posting order, as many as `how` asks
+    /// for.  Returns why the connection must break: the peer wrote
+    /// something that cannot be true, or, on a reliable VI, an inline
+    /// message was longer than its receive buffer.
+    pub(crate) fn drain(&self, q: &mut RecvQueue, how: Drain) -> Option<Break> {
         self.settle(q);
         // Moved out and back rather than cloned: no reference counting per poll.
         let seg = q.seg.take()?;
-        let broken = self.drain_ring(q, seg.rx());
+        let broken = self.drain_ring(q, seg.rx(), how);
         q.seg = Some(seg);
         broken
     }
 
-    fn drain_ring(&self, q: &mut RecvQueue, rx: &via_shm::Ring) -> Option<Break> {
+    fn drain_ring(&self, q: &mut RecvQueue, rx: &via_shm::Ring, how: Drain) -> Option<Break> {
         let impossible = || {
             tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
             Some(LOST)
@@ -612,6 +623,11 @@ impl Vi {
         let mut broken = None;
         loop {
             self.settle(q);
+            if let Drain::Past(n) = how {
+                if q.done > n {
+                    return broken;
+                }
+            }
             let hdr = match rx.peek() {
                 Ok(Some(h)) => h,
                 Ok(None) => return broken,
@@ -686,7 +702,7 @@ impl Vi {
     /// connection has delivered.
     fn take_received(&self) -> Option<DescPtr> {
         let mut q = self.recv.lock();
-        let broken = self.drain(&mut q);
+        let broken = self.drain(&mut q, Drain::Past(0));
         let got = if q.done > 0 {
             q.done -= 1;
             q.cq_seen = q.cq_seen.saturating_sub(1);
