@@ -170,6 +170,7 @@ pub fn descriptor_placement_ok(desc: DescPtr, handle: u32, rules: &Rules) -> boo
 
 /// Validates a posted descriptor.  `Err` holds the status error bits the
 /// descriptor completes with.
+#[inline(always)]
 pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) -> Result<WorkRequest, u32> {
     let control = desc.control();
     let count = desc.seg_count() as usize;
