@@ -169,7 +169,7 @@ thread_local! {
 }
 
 /// How much of the ring `Vi::drain` moves in.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) enum Drain {
     /// Every message that has arrived: before the queue is flushed.
     All,
