@@ -7,6 +7,7 @@
 //! application sees is a [`handles::Handle`] into one of the provider's
 //! tables.
 
+mod clock;
 pub mod connect;
 pub mod counters;
 pub mod cq;

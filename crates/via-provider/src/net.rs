@@ -963,7 +963,7 @@ impl NetState {
     /// Sends everything the session has to send on `link` (whose state
     /// this is), and collects its events.
     pub fn flush(&mut self, link: &NetLink, events: &mut NetEvents<'_>) {
-        self.flush_at(link, Instant::now(), events);
+        self.flush_at(link, crate::clock::now(), events);
     }
 
     /// [`NetState::flush`] at `now`, for a caller that has just read the clock.

@@ -129,7 +129,7 @@ impl Vi {
         let mut events = NetEvents::new();
         let owed = {
             let mut st = link.state.lock();
-            let now = std::time::Instant::now();
+            let now = crate::clock::now();
             for &(ref header, payload) in packets {
                 // In order: placed straight from the datagram.  A packet can
                 // also release segments held for reordering; they follow it.

@@ -1,0 +1,150 @@
+//! The clock of the network data path: `Instant`s read from the CPU's
+//! time-stamp counter where the kernel keeps its own clock on it.
+//!
+//! Every packet a session takes or sends is stamped with the time (RTT
+//! samples, acknowledgement and retransmission deadlines).  `Instant::now`
+//! costs about 50 ns there: the vDSO orders its counter read after every
+//! load before it, among them the datagram just received.  Here the
+//! counter is read unordered and scaled from an anchor, an `Instant` and
+//! the counter read together, which each thread renews every few
+//! milliseconds, so the time never strays from the system clock by more
+//! than the drift of one such interval (microseconds at most; the
+//! transport's timers are 200 µs and longer).  Without the kernel's
+//! `tsc` clock source (or off x86-64) it is `Instant::now`.
+
+use std::time::Instant;
+
+/// The time now, as close to `Instant::now()` as the anchors keep it, and
+/// never earlier than a previous reading on the same thread.
+#[inline]
+pub(crate) fn now() -> Instant {
+    #[cfg(target_arch = "x86_64")]
+    return tsc::now();
+    #[cfg(not(target_arch = "x86_64"))]
+    Instant::now()
+}
+
+#[cfg(target_arch = "x86_64")]
+mod tsc {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    use std::time::{Duration, Instant};
+
+    /// [`super::now`] on x86-64.
+    #[inline]
+    pub(super) fn now() -> Instant {
+        let scale = SCALE.load(Ordering::Relaxed);
+        if scale != 0 {
+            return ANCHOR.with(|cell| scaled(cell, scale));
+        }
+        calibrate()
+    }
+
+    /// Nanoseconds per counter tick as a 32.32 fixed-point number; 0 while
+    /// calibrating or when the counter is not to be used.
+    static SCALE: AtomicU64 = AtomicU64::new(0);
+
+    /// A thread renews its anchor after this many ticks (about 4 ms at 4 GHz).
+    const RENEW_TICKS: u64 = 1 << 24;
+
+    /// Calibration takes at least this long: the scale is then within a few
+    /// parts per million.
+    const CALIBRATE_FOR: Duration = Duration::from_millis(2);
+
+    /// The counter and the system clock read together, and the latest
+    /// reading given out from them.
+    #[derive(Clone, Copy)]
+    struct Anchor {
+        tsc: u64,
+        at: Instant,
+        last: Instant,
+    }
+
+    thread_local! {
+        static ANCHOR: Cell<Option<Anchor>> = const { Cell::new(None) };
+    }
+
+    #[inline]
+    fn tsc() -> u64 {
+        // SAFETY: RDTSC exists on every x86-64 CPU and only reads the counter.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+
+    #[inline]
+    fn scaled(cell: &Cell<Option<Anchor>>, scale: u64) -> Instant {
+        let tsc = tsc();
+        let mut a = match cell.get() {
+            // An anchor that is fresh: the usual case.  A counter that went
+            // back (another CPU's, a little behind) wraps to a huge distance
+            // and renews the anchor as well.
+            Some(a) if tsc.wrapping_sub(a.tsc) < RENEW_TICKS => a,
+            last => {
+                let at = Instant::now();
+                let at = last.map_or(at, |l| at.max(l.last));
+                Anchor { tsc, at, last: at }
+            }
+        };
+        let ns = ((tsc.wrapping_sub(a.tsc) as u128 * scale as u128) >> 32) as u64;
+        a.last = a.last.max(a.at + Duration::from_nanos(ns));
+        cell.set(Some(a));
+        a.last
+    }
+
+    /// The first reading and whether the counter may be used at all.
+    static START: OnceLock<Option<(u64, Instant)>> = OnceLock::new();
+
+    /// `Instant::now()`, and the scale once `CALIBRATE_FOR` has passed since
+    /// the first call, if the kernel keeps its clock on the counter (it has
+    /// then checked that the counter is invariant and the same on every CPU).
+    fn calibrate() -> Instant {
+        let now = Instant::now();
+        let tsc = tsc();
+        let start = START.get_or_init(|| kernel_uses_tsc().then_some((tsc, now)));
+        if let Some((tsc0, t0)) = *start {
+            let elapsed = now.duration_since(t0);
+            let ticks = tsc.wrapping_sub(tsc0);
+            if elapsed >= CALIBRATE_FOR && ticks > 0 && ticks < u64::MAX / 2 {
+                let scale = ((elapsed.as_nanos() << 32) / ticks as u128).min(u64::MAX as u128) as u64;
+                SCALE.store(scale.max(1), Ordering::Relaxed);
+            }
+        }
+        now
+    }
+
+    /// Whether the kernel's clock source is the time-stamp counter.
+    fn kernel_uses_tsc() -> bool {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|s| s.trim() == "tsc")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn readings_follow_the_system_clock_and_never_go_back() {
+        // Within the drift of one anchor interval of the system clock read
+        // just before and just after.
+        let slack = Duration::from_micros(20);
+        let begin = Instant::now();
+        let mut last = now();
+        // Through calibration and several anchor renewals.
+        while begin.elapsed() < Duration::from_millis(30) {
+            let before = Instant::now();
+            let t = now();
+            let after = Instant::now();
+            assert!(t >= last, "the clock went back");
+            assert!(t + slack >= before && t <= after + slack, "{t:?} outside {before:?}..{after:?}");
+            last = t;
+        }
+        // A pause is measured as long as the system clock measures it.
+        let (a, ra) = (now(), Instant::now());
+        std::thread::sleep(Duration::from_millis(5));
+        let (b, rb) = (now(), Instant::now());
+        let (ours, real) = ((b - a).as_micros() as i64, (rb - ra).as_micros() as i64);
+        assert!((ours - real).abs() < 50, "{ours} µs against {real} µs");
+    }
+}
