@@ -334,7 +334,7 @@ impl NetPort {
 
     /// Drains the sockets, handing each packet to its VI: the peer sockets,
     /// and the unconnected one when there are none, every `UNCONNECTED_EVERY`
-    /// polls, or with `everything`.  Returns false when another thread is
+    /// polls (at the first idle one), or with `everything`.  Returns false when another thread is
     /// draining them already.
     pub fn poll(&self, everything: bool) -> bool {
         let Some(mut engine) = self.engine.try_lock() else { return false };
@@ -356,8 +356,12 @@ impl NetPort {
         for s in &engine.peers {
             busy |= self.drain(&mut engine.batch, &mut engine.owed, s.fd());
         }
-        engine.polls = engine.polls.wrapping_add(1);
-        if everything || engine.peers.is_empty() || engine.polls % UNCONNECTED_EVERY == 0 {
+        // The unconnected socket waits for a poll that found the peers'
+        // sockets empty: a message just taken is answered first.
+        engine.polls = engine.polls.saturating_add(1);
+        let due = (engine.polls >= UNCONNECTED_EVERY && !busy) || engine.polls >= UNCONNECTED_LATEST;
+        if everything || engine.peers.is_empty() || due {
+            engine.polls = 0;
             busy |= self.drain(&mut engine.batch, &mut engine.owed, self.socket.as_raw_fd());
         }
         // Idle: the data that came has been put where it belongs, so now
@@ -491,11 +495,11 @@ impl NetPort {
     /// equal-size packets as one GSO buffer where the port may use GSO.
     fn send_all(&self, to: SocketAddr, connected: Option<&PeerSocket>, packets: &OutPackets) {
         let (to, headers) = self.destination(to);
-        let addr = socket_addr(to);
-        let (fd, addr) = match connected {
-            Some(s) => (s.fd(), None),
-            None => (self.socket.as_raw_fd(), Some(&addr)),
-        };
+        // The address only for the unconnected socket: a sockaddr_storage
+        // is 128 bytes to fill.
+        let addr = connected.is_none().then(|| socket_addr(to));
+        let fd = connected.map_or(self.socket.as_raw_fd(), |s| s.fd());
+        let addr = addr.as_ref();
         // A GSO segment must fit the MTU whole (the kernel refuses it otherwise).
         let max_segment = if self.gso.load(Ordering::Relaxed) { self.mtu.saturating_sub(headers) } else { 0 };
         let (mut sent, refused) = self.send_groups(fd, addr, packets.from(0), max_segment);
@@ -531,8 +535,9 @@ struct Engine {
     batch: Batch,
     /// The port's sockets connected to one peer each, drained at every poll.
     peers: Vec<Arc<PeerSocket>>,
-    /// Polls so far: the unconnected socket is drained every
-    /// `UNCONNECTED_EVERY`, since connected peers do not send to it.
+    /// Polls since the unconnected socket was last drained: it is drained
+    /// every `UNCONNECTED_EVERY` (`UNCONNECTED_LATEST` while the peers keep
+    /// the port busy), since connected peers do not send to it.
     polls: u32,
     /// VIs whose sessions hold back an acknowledgement until a poll finds
     /// the sockets empty.
@@ -540,8 +545,11 @@ struct Engine {
 }
 
 /// How often an application's poll drains the unconnected socket as well
-/// when the port has peer sockets.
+/// when the port has peer sockets: every this many polls, at the first
+/// that found the peer sockets empty...
 const UNCONNECTED_EVERY: u32 = 16;
+/// ...and after this many at the latest.
+const UNCONNECTED_LATEST: u32 = 64;
 
 /// The port's sockets, and the epoll set and token they are in, if any.
 struct Watched {
