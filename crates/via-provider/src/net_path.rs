@@ -7,6 +7,7 @@ use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink};
 use crate::nic::error_code;
 use crate::progress;
 use crate::vi::{reliable, Break, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use via_core::consts::*;
 use via_core::descriptor::{validate, DescPtr, Op, Rules, Segs};
@@ -35,6 +36,7 @@ impl Vi {
         link.port.register(link.local_vi, Arc::downgrade(self));
         s.net = Some(link.clone());
         *self.net.lock() = Some(link);
+        self.networked.store(true, Ordering::Release);
         // Nothing of an earlier connection's messages carries over.
         r.inbound = None;
         r.dropping = None;

@@ -24,7 +24,7 @@ use crate::{progress, provider};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use via_core::consts::*;
@@ -152,6 +152,8 @@ pub struct Vi {
     pub(crate) send: QueueMutex<SendQueue>,
     /// Network: the link, readable without the queue locks.
     pub(crate) net: Mutex<Option<Arc<crate::net::NetLink>>>,
+    /// Whether `net` holds a link: what every poll asks, without the lock.
+    pub(crate) networked: AtomicBool,
     /// Futex word for waiters that have no ring to sleep on.
     wake_word: AtomicU32,
     sleepers: AtomicUsize,
@@ -212,6 +214,7 @@ impl Vi {
                 recv: QueueMutex::new(RecvQueue { tally: nic.counters.row(), ..Default::default() }),
                 send: QueueMutex::new(SendQueue { tally: nic.counters.row(), ..Default::default() }),
                 net: Mutex::new(None),
+                networked: AtomicBool::new(false),
                 wake_word: AtomicU32::new(0),
                 sleepers: AtomicUsize::new(0),
                 peer_outcome: Mutex::new(None),
@@ -445,6 +448,7 @@ impl Vi {
         if let Some(link) = s.net.take() {
             link.disconnect();
             *self.net.lock() = None;
+            self.networked.store(false, Ordering::Release);
         }
         self.flush_sends(&mut s);
         self.drain(&mut r, Drain::All);
@@ -493,6 +497,7 @@ impl Vi {
         if let Some(link) = s.net.take() {
             link.close(theirs);
             *self.net.lock() = None;
+            self.networked.store(false, Ordering::Release);
         }
         self.flush_sends(&mut s);
         self.drain(&mut r, Drain::All);
@@ -863,8 +868,7 @@ impl Vi {
         }
         // A networked VI's link is on its NIC's one port: poll that,
         // without taking a reference to the link on every empty poll.
-        let networked = self.net.lock().is_some();
-        if networked {
+        if self.networked.load(Ordering::Acquire) {
             self.nic.poll_net();
         }
     }
