@@ -2,12 +2,16 @@
 //!
 //! Every post and every poll takes it, nearly always uncontended, and
 //! nearly always from one thread: the application's.  So the lock is
-//! *biased* to the first thread that takes it, which then takes and
-//! releases it with plain stores, without the compare-exchange that costs
-//! about 5 ns on the 4-byte path (twice per message and once per empty
-//! poll).  The first time another thread wants the lock, it revokes the
-//! bias for good: from then on every thread, the former owner included,
-//! takes the lock word with a compare-exchange.
+//! *biased* to the thread that takes it `BIAS_AFTER` times in a row first
+//! (the progress thread may take it while a connection is set up), which
+//! then takes and releases it with plain stores, without the
+//! compare-exchange that costs about 5 ns on the 4-byte path (twice per
+//! message and once per empty poll).  The first time another thread wants
+//! the lock, it revokes the bias for good: from then on every thread, the
+//! former owner included, takes the lock word with a compare-exchange.
+//! Since a lock is biased at most once, a thread that lost the bias and
+//! still writes `owner_in` (it was preempted in the fast path) can never
+//! overwrite the announcement of a later owner.
 //!
 //! The owner announces itself in `owner_in` and then checks that the lock
 //! is still biased to it, with only a compiler fence between the store and
@@ -37,6 +41,8 @@ const NAP: Duration = Duration::from_micros(20);
 const NOBODY: usize = 0;
 /// `owner` of a lock whose bias is revoked (or was never possible).
 const SHARED: usize = usize::MAX;
+/// Takes of the word in a row by one thread that bias the lock to it.
+const BIAS_AFTER: u32 = 64;
 
 /// The raw lock under [`QueueMutex`].
 pub struct RawQueueLock {
@@ -49,6 +55,10 @@ pub struct RawQueueLock {
     /// The owner's token while it holds the lock by its bias, else 0.
     /// Written only by the owner.
     owner_in: AtomicUsize,
+    /// Before the bias: the thread that took the word last and how many
+    /// times in a row.  Read and written only by holders of the word.
+    last_taker: AtomicUsize,
+    streak: AtomicU32,
 }
 
 /// An address unique to the calling thread among the live ones, never 0
@@ -100,17 +110,27 @@ impl RawQueueLock {
         }
     }
 
-    /// With the word held: settles the bias.  The first holder takes the
-    /// bias if the process can revoke it; a holder that finds the bias
-    /// another thread's revokes it and, if `wait`, waits until that thread
-    /// has left.  Returns false if the owner is still inside (`!wait`).
+    /// With the word held: settles the bias.  A holder that has taken the
+    /// word `BIAS_AFTER` times in a row takes the bias if the process can
+    /// revoke it; a holder that finds the bias another thread's revokes it
+    /// and, if `wait`, waits until that thread has left.  Returns false if
+    /// the owner is still inside (`!wait`).
     fn settle_bias(&self, wait: bool) -> bool {
         let me = thread_token();
         match self.owner.load(Ordering::Acquire) {
             SHARED => true,
             NOBODY => {
-                let next = if membarrier::available() { me } else { SHARED };
-                self.owner.store(next, Ordering::Release);
+                let streak = if self.last_taker.load(Ordering::Relaxed) == me {
+                    self.streak.load(Ordering::Relaxed) + 1
+                } else {
+                    self.last_taker.store(me, Ordering::Relaxed);
+                    1
+                };
+                self.streak.store(streak, Ordering::Relaxed);
+                if streak >= BIAS_AFTER {
+                    let next = if membarrier::available() { me } else { SHARED };
+                    self.owner.store(next, Ordering::Release);
+                }
                 true
             }
             // Our own bias, revoked by nobody: we hold the word as well.
@@ -140,15 +160,21 @@ impl RawQueueLock {
 // has published `owner_in` and then still found the bias its own; any
 // other thread holds it when it has taken the word (a compare-exchange from
 // UNLOCKED) and then found the bias revoked, revoked it itself and seen
-// `owner_in` empty after a process-wide barrier, or found nobody's bias.
+// `owner_in` empty after a process-wide barrier, or found nobody's bias
+// (which only a holder of the word sets, once).
 // The barrier pairs with the owner's compiler fence, so the owner and a
 // revoker cannot both miss each other.  Each releases what it took: the
 // owner clears `owner_in`, the others the word.  Guards are not `Send`,
 // so the releasing thread is the taking one.
 unsafe impl lock_api::RawMutex for RawQueueLock {
     #[allow(clippy::declare_interior_mutable_const)]
-    const INIT: RawQueueLock =
-        RawQueueLock { word: AtomicU32::new(UNLOCKED), owner: AtomicUsize::new(NOBODY), owner_in: AtomicUsize::new(0) };
+    const INIT: RawQueueLock = RawQueueLock {
+        word: AtomicU32::new(UNLOCKED),
+        owner: AtomicUsize::new(NOBODY),
+        owner_in: AtomicUsize::new(0),
+        last_taker: AtomicUsize::new(0),
+        streak: AtomicU32::new(0),
+    };
     type GuardMarker = lock_api::GuardNoSend;
 
     #[inline]
@@ -239,9 +265,25 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// A lock biased to the calling thread (if the kernel allows).
+    fn biased<T>(value: T) -> Arc<QueueMutex<T>> {
+        let m = Arc::new(QueueMutex::new(value));
+        for _ in 0..BIAS_AFTER {
+            drop(m.lock());
+        }
+        m
+    }
+
     #[test]
-    fn the_first_holder_owns_the_bias_until_another_thread_locks() {
+    fn a_thread_that_takes_the_lock_in_a_row_owns_the_bias_until_another_locks() {
         let m = Arc::new(QueueMutex::new(()));
+        // Another thread first, then this one, which must start its streak anew.
+        let m1 = m.clone();
+        std::thread::spawn(move || drop(m1.lock())).join().unwrap();
+        for _ in 0..BIAS_AFTER - 1 {
+            drop(m.lock());
+        }
+        assert_eq!(unsafe { m.raw() }.owner.load(Ordering::Relaxed), NOBODY);
         drop(m.lock());
         let owner = unsafe { m.raw() }.owner.load(Ordering::Relaxed);
         if membarrier::available() {
@@ -257,8 +299,8 @@ mod tests {
     #[test]
     fn contending_threads_never_share_the_lock() {
         // Each thread adds in two non-atomic steps with a yield between:
-        // a lock that let two in at once would lose increments.  The first
-        // thread to lock owns the bias until another revokes it.
+        // a lock that let two in at once would lose increments.  A thread
+        // that runs ahead owns the bias until another revokes it.
         let counter = Arc::new(QueueMutex::new(0u64));
         let threads: Vec<_> = (0..4)
             .map(|_| {
@@ -286,8 +328,7 @@ mod tests {
         // One thread owns the bias and keeps locking; the other arrives
         // while it works, revokes the bias and then contends on the word.
         for round in 0..50 {
-            let m = Arc::new(QueueMutex::new(0u64));
-            *m.lock() += 0; // biased to this thread
+            let m = biased(0u64);
             let m2 = m.clone();
             let other = std::thread::spawn(move || {
                 for _ in 0..2_000 {
@@ -312,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_revoker_waits_for_the_owner_to_leave() {
-        let m = Arc::new(QueueMutex::new(0u32));
+        let m = biased(0u32);
         let g = m.lock(); // by the bias, if the kernel has membarrier
         let m2 = m.clone();
         let waiter = std::thread::spawn(move || {
@@ -328,10 +369,16 @@ mod tests {
 
     #[test]
     fn a_waiter_gets_the_lock_a_long_holder_releases() {
-        let m = Arc::new(QueueMutex::new(0u32));
         // Biased to a thread that is gone: this thread takes the word.
-        let m1 = m.clone();
-        std::thread::spawn(move || *m1.lock() += 0).join().unwrap();
+        let m1 = Arc::new(QueueMutex::new(0u32));
+        let m = m1.clone();
+        std::thread::spawn(move || {
+            for _ in 0..BIAS_AFTER {
+                drop(m1.lock());
+            }
+        })
+        .join()
+        .unwrap();
         let g = m.lock();
         let m2 = m.clone();
         let waiter = std::thread::spawn(move || {
