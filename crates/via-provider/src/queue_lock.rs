@@ -42,7 +42,7 @@ const NOBODY: usize = 0;
 /// `owner` of a lock whose bias is revoked (or was never possible).
 const SHARED: usize = usize::MAX;
 /// Takes of the word in a row by one thread that bias the lock to it.
-const BIAS_AFTER: u32 = 64;
+const BIAS_AFTER: u32 = 1024;
 
 /// The raw lock under [`QueueMutex`].
 pub struct RawQueueLock {
