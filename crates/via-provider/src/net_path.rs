@@ -187,6 +187,11 @@ impl Vi {
     /// Completes unreliable RDMA writes whose answer did not come in time
     /// (unreliable service reports no remote outcome); returns the next such deadline.
     fn expire_unanswered(&self, now: std::time::Instant) -> Option<std::time::Instant> {
+        // Only an unreliable VI gives up on an answer; the send queue's lock
+        // stays with the application's thread on the others.
+        if reliable(self.attrs().reliability) {
+            return None;
+        }
         let mut s = self.send.lock();
         let mut next: Option<std::time::Instant> = None;
         for item in s.items.iter_mut().filter(|i| !i.done) {
