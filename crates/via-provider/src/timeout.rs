@@ -70,7 +70,7 @@ pub struct SpinWait {
 impl SpinWait {
     /// A wait starting now, with `deadline`.
     pub fn start(deadline: &Deadline) -> SpinWait {
-        let start = Instant::now();
+        let start = crate::clock::now();
         let window = start + spin_window();
         let until = deadline.0.map_or(window, |d| d.min(window));
         SpinWait { start, until, polls: 0, spinning: true }
@@ -79,7 +79,7 @@ impl SpinWait {
     /// After an empty poll: whether to poll again at once (still within the
     /// window).  Once false, it stays false.
     pub fn spin(&mut self) -> bool {
-        if self.spinning && self.polls.is_multiple_of(CLOCK_EVERY) && Instant::now() >= self.until {
+        if self.spinning && self.polls.is_multiple_of(CLOCK_EVERY) && crate::clock::now() >= self.until {
             self.spinning = false;
         }
         self.polls = self.polls.wrapping_add(1);
@@ -179,12 +179,12 @@ pub fn idle_poll() {
         let mut s = cell.get();
         s.empty = s.empty.wrapping_add(1);
         if s.empty % CLOCK_EVERY == 0 {
-            let now = Instant::now();
+            let now = crate::clock::now();
             let since = *s.since.get_or_insert(now);
             if now.duration_since(since) >= YIELD_AFTER && s.quiet_until.is_none_or(|q| now >= q) {
                 // SAFETY: no arguments; cannot fail in a way that matters here.
                 unsafe { libc::sched_yield() };
-                let back = Instant::now();
+                let back = crate::clock::now();
                 s.quiet_until = (back.duration_since(now) < YIELDED_TO_NOBODY).then_some(back + ALONE_FOR);
             }
         }
