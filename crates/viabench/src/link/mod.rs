@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::pattern::Which;
 use crate::proto::{Mode, PeerInfo, ServerInfo, TestSpec};
 use serde::Serialize;
+use std::cell::Cell;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -135,20 +136,26 @@ pub fn client_connect(
 }
 
 /// A deadline for waits that must not hang for ever when a message is lost.
-#[derive(Debug, Clone, Copy)]
+/// Its clock starts at the first check, which a wait makes only after many
+/// empty polls or a timed-out blocking slice: a message that comes soon
+/// costs no clock read, in every contender alike.
+#[derive(Debug)]
 pub struct Deadline {
-    at: Instant,
+    at: Cell<Option<Instant>>,
     limit: Duration,
 }
 
 impl Deadline {
-    /// `limit` from now.
+    /// `limit` from the first check.
     pub fn after(limit: Duration) -> Deadline {
-        Deadline { at: Instant::now() + limit, limit }
+        Deadline { at: Cell::new(None), limit }
     }
     /// An error if the deadline has passed.
     pub fn check(&self, what: &str) -> Result<()> {
-        if Instant::now() >= self.at {
+        let now = Instant::now();
+        let at = self.at.get().unwrap_or(now + self.limit);
+        self.at.set(Some(at));
+        if now >= at {
             Err(Error::new(format!("{what}: nothing arrived within {:?}", self.limit)))
         } else {
             Ok(())
@@ -285,6 +292,16 @@ pub fn udp_payload(device: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_runs_from_its_first_check() {
+        let d = Deadline::after(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(30));
+        d.check("first").expect("the clock starts at the first check");
+        std::thread::sleep(Duration::from_millis(30));
+        let e = d.check("waiting").expect_err("20 ms after the first check");
+        assert!(e.to_string().contains("waiting: nothing arrived within 20ms"), "{e}");
+    }
 
     #[test]
     fn device_names_map_to_interfaces() {
