@@ -43,7 +43,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := api_errors memory sendrecv rdma errors connect cq threads counters tuning acceptance
+TESTS := api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance
 VALGRIND_TESTS := api_errors memory sendrecv
 EXAMPLES := pingpong
 
