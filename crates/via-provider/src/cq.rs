@@ -198,7 +198,11 @@ impl Cq {
             // Through the thread's last VI: the caller's next call is on this one.
             let mine = Vi::with(entry.vi, |vi| {
                 let cq = if entry.recv { &vi.recv_cq } else { &vi.send_cq };
-                Ok(cq.as_ref().is_some_and(|c| c.handle == self.handle))
+                let mine = cq.as_ref().is_some_and(|c| c.handle == self.handle);
+                if mine && entry.recv {
+                    vi.prefetch_received();
+                }
+                Ok(mine)
             });
             if mine == Ok(true) {
                 return Some(entry);

@@ -219,6 +219,13 @@ impl Ring {
         Ok(())
     }
 
+    /// Consumer side: the address of the slot where the next message most
+    /// likely lands (its hot slot), to prefetch; nothing is read.
+    pub fn next_slot(&self) -> *const u8 {
+        let [hot, _] = Place::candidates(self.tail.load(Relaxed), RING_SLOTS);
+        self.slot(hot)
+    }
+
     /// Consumer side: a validated copy of the next slot's header, without
     /// consuming it; `None` when the ring is empty.
     pub fn peek(&self) -> Result<Option<SlotHeader>, ShmError> {
