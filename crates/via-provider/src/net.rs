@@ -334,8 +334,8 @@ impl NetPort {
 
     /// Drains the sockets, handing each packet to its VI: the peer sockets,
     /// and the unconnected one when there are none, every `UNCONNECTED_EVERY`
-    /// polls (at the first idle one), or with `everything`.  Returns false when another thread is
-    /// draining them already.
+    /// polls (at the first idle one), or with `everything`.  Returns false
+    /// when another thread is draining them already.
     pub fn poll(&self, everything: bool) -> bool {
         let Some(mut engine) = self.engine.try_lock() else { return false };
         let engine = &mut *engine;
