@@ -185,18 +185,19 @@ static void client(vt_end *e)
     CHECK_EQ(ROUNDS, s.checked);
     for (unsigned i = 0; i < ROUNDS; i++)
         CHECK(s.seen[i]);
-    /* Every send completed, and nothing more arrived. */
-    for (int i = 0; i < DEPTH; i++) {
-        if (s.send_free[i])
-            continue;
-        VIP_DESCRIPTOR *d = vt_send_done(e->vi);
+    /* Every send completes, and nothing more arrives. */
+    unsigned outstanding = 0;
+    for (int i = 0; i < DEPTH; i++)
+        outstanding += !s.send_free[i];
+    VIP_DESCRIPTOR *d;
+    while (outstanding-- > 0) {
+        d = vt_send_done(e->vi);
         size_t slot = (size_t)(d - send_desc(e, 0));
         CHECK(slot < DEPTH && !s.send_free[slot]);
         CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, d);
         s.send_free[slot] = 1;
-        i = -1; /* look again from the start */
     }
-    VIP_DESCRIPTOR *d = NULL;
+    d = NULL;
     CHECK_RET(VIP_NOT_DONE, VipSendDone(e->vi, &d));
     CHECK_RET(VIP_NOT_DONE, VipRecvDone(e->vi, &d));
     CHECK_STATE(VIP_STATE_CONNECTED, e->vi);
