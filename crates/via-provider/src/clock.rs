@@ -100,16 +100,15 @@ mod tsc {
     /// the first call, if the kernel keeps its clock on the counter (it has
     /// then checked that the counter is invariant and the same on every CPU).
     fn calibrate() -> Instant {
+        let start = START.get_or_init(|| kernel_uses_tsc().then(|| (tsc(), Instant::now())));
         let now = Instant::now();
-        let tsc = tsc();
-        let start = START.get_or_init(|| kernel_uses_tsc().then_some((tsc, now)));
-        if let Some((tsc0, t0)) = *start {
-            let elapsed = now.duration_since(t0);
-            let ticks = tsc.wrapping_sub(tsc0);
-            if elapsed >= CALIBRATE_FOR && ticks > 0 && ticks < u64::MAX / 2 {
-                let scale = ((elapsed.as_nanos() << 32) / ticks as u128).min(u64::MAX as u128) as u64;
-                SCALE.store(scale.max(1), Ordering::Relaxed);
-            }
+        // Without the counter, nothing more than `Instant::now` on every call.
+        let Some((tsc0, t0)) = *start else { return now };
+        let elapsed = now.duration_since(t0);
+        let ticks = tsc().wrapping_sub(tsc0);
+        if elapsed >= CALIBRATE_FOR && ticks > 0 && ticks < u64::MAX / 2 {
+            let scale = ((elapsed.as_nanos() << 32) / ticks as u128).min(u64::MAX as u128) as u64;
+            SCALE.store(scale.max(1), Ordering::Relaxed);
         }
         now
     }

@@ -356,11 +356,15 @@ mod tests {
         let m = biased(0u32);
         let g = m.lock(); // by the bias, if the kernel has membarrier
         let m2 = m.clone();
+        let (tried, try_done) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
             assert!(m2.try_lock().is_none(), "try_lock entered beside the holder");
+            tried.send(()).unwrap();
             *m2.lock() += 1;
         });
-        // Long enough for the waiter to revoke and wait.
+        // The holder keeps the lock until the waiter has tried, then long
+        // enough for it to revoke and wait.
+        try_done.recv().unwrap();
         std::thread::sleep(Duration::from_millis(30));
         drop(g);
         waiter.join().unwrap();
