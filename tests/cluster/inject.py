@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Throw bad datagrams at a running openvia process.
 
-    inject.py --pid PID [--seconds S] [--iface eth0] [--cm]
+    inject.py --pid PID [--seconds S] [--iface eth0] [--cm] [--frames-from NS]
 
 Run inside the network namespace of the target process (cluster.sh exec).
 The target's UDP data port is found with `ss -u -a -n -p`.  The script
@@ -19,7 +19,11 @@ sends the port, mixed:
               BREAK packets with a wrong key
   replayed    real packets sent again, verbatim, old and recent
 
-With --cm it also sends garbage to the host agent's CM port (5197).
+With --cm it also sends garbage to the host agent's CM port (5197).  With
+--frames-from NS (a namespace file such as /run/netns/NAME, of a host on the
+target's link) it also sends the same kinds of packets, and frames cut short
+or claiming more bytes than they hold, as Ethernet frames (docs/wire.md,
+"Ethernet frames") from that namespace's IFACE to the target's port.
 
 Every datagram but the replays fails the checks of docs/wire.md (framing,
 checksum, key, VI ids), so none may change what the target receives; the
@@ -256,6 +260,42 @@ def replayed(rng, sniff):
     return old + recent + recent
 
 
+ETHERTYPE = 0x88B5
+CLONE_NEWNET = 0x40000000
+
+
+def socket_in(ns_path, iface):
+    """An AF_PACKET socket on iface of the network namespace ns_path."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    there = os.open(ns_path, os.O_RDONLY)
+    try:
+        if libc.setns(there, CLONE_NEWNET) != 0:
+            sys.exit("inject: setns %s: %s" % (ns_path, os.strerror(ctypes.get_errno())))
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETHERTYPE))
+        sock.bind((iface, 0))
+    finally:
+        libc.setns(home, CLONE_NEWNET)
+        os.close(home)
+        os.close(there)
+    return sock
+
+
+def frames(rng, packets, dst, port):
+    """packets as Ethernet frames to port at dst; some cut short within the
+    frame header, some claiming more packet bytes than they carry."""
+    out = []
+    for p in packets:
+        claimed = len(p) + (rng.randrange(1, 100) if rng.random() < 0.2 else 0)
+        f = dst + b"\x02\x00\x00\x00\x00\x01" + struct.pack(">HHH", ETHERTYPE, port, claimed & 0xFFFF) + p
+        if rng.random() < 0.1:
+            f = f[:rng.randrange(14, 18)]
+        if len(f) <= 1514:  # what fits an MTU of 1500
+            out.append(f)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pid", type=int, required=True)
@@ -263,13 +303,25 @@ def main():
     ap.add_argument("--iface", default="eth0")
     ap.add_argument("--cm", action="store_true", help="also send garbage to the CM port")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--frames-from", metavar="NS", help="also send Ethernet frames from this namespace")
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
     port = find_port(args.pid, 10.0)
     sniff = Sniffer(args.iface, port)
     out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    counts = {k: 0 for k in ("garbage", "truncated", "oversized", "wrong-key", "replayed", "cm")}
+    counts = {k: 0 for k in ("garbage", "truncated", "oversized", "wrong-key", "replayed", "cm", "frames")}
+    framer = socket_in(args.frames_from, args.iface) if args.frames_from else None
+    with open("/sys/class/net/%s/address" % args.iface) as f:
+        mac = bytes.fromhex(f.read().strip().replace(":", ""))
+
+    def send_frames(packets):
+        for f in frames(rng, packets, mac, port):
+            try:
+                framer.send(f)
+                counts["frames"] += 1
+            except OSError as e:
+                print("inject: frame of %d bytes: %s" % (len(f), e), flush=True)
 
     def send(kind, datagrams, to=None):
         for d in datagrams:
@@ -298,6 +350,9 @@ def main():
             send("oversized", oversized(rng, sniff.data))
         send("wrong-key", wrong_key(rng, sniff.data))
         send("replayed", replayed(rng, sniff))
+        if framer:
+            send_frames(garbage(rng) + truncated(rng, sniff.data) + wrong_key(rng, sniff.data)
+                        + replayed(rng, sniff))
         if args.cm:
             send("cm", [os.urandom(rng.randrange(0, 300)),
                         struct.pack(">HBBHI", 0x5643, 1, 1, 40, 0) + os.urandom(40)], (host, CM_PORT))
@@ -306,6 +361,8 @@ def main():
     print("inject: learned from %d packets (checksums of %d checked, %d bad)"
           % (sniff.seen, sniff.checked, sniff.bad_checksum))
     print("inject: sent " + ", ".join("%s %d" % kv for kv in counts.items()), flush=True)
+    if framer and counts["frames"] == 0:
+        sys.exit("inject: no frame could be sent")
     if sniff.bad_checksum:
         sys.exit("inject: %d captured packets fail this script's CRC-32C: the forgeries would be wrong"
                  % sniff.bad_checksum)

@@ -53,7 +53,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -270,7 +270,8 @@ case_bad_input() {
     irc=1
     if wait_for "$logs/$tc.h2" streaming 30; then
         pid=$(sed -n 's/^pid //p' "$logs/$tc.h2")
-        on 2 60 python3 "$here/inject.py" --pid "$pid" --seconds 6 --cm >"$logs/$tc.inject" 2>&1
+        on 2 60 python3 "$here/inject.py" --pid "$pid" --seconds 6 --cm \
+            --frames-from "/run/netns/$(cluster ns 1)" >"$logs/$tc.inject" 2>&1
         irc=$?
     else
         echo "the transfer did not start"
@@ -368,6 +369,38 @@ case_payload_crc() {
     return "$ok"
 }
 
+# frames_field LOG FIELD: FIELD (sent, heard) of the frames a link sent
+# and took as Ethernet frames (the last "network VI ..." line in LOG).
+frames_field() {
+    grep 'network VI' "$1" | sed 's/\x1b\[[0-9;]*m//g' |
+        sed -n "s/.*frames=FrameTally {[^}]*$2: \([0-9]*\).*/\1/p" | tail -n 1
+}
+
+# Packets as Ethernet frames (docs/wire.md): the pingpong example between
+# the hosts with VIA_ETHERNET on both ends (the default), then off on h2.
+# Each process's "network VI" line reports its link's frames: sent and heard
+# on both ends in the first run; none either way in the second, since h2
+# neither sends frames nor offers to take them.
+case_ethernet() {
+    up 2 || return 1
+    ok=0
+    for h2 in on off; do
+        base=$logs/$tc.h2-$h2
+        pair pingpong "$base" 60 env VIA_LOG=via_provider=info "$out/pingpong" server \
+            -- env VIA_ETHERNET=$h2 VIA_LOG=via_provider=info "$out/pingpong" client h1 || ok=1
+        for h in 1 2; do
+            sent=$(frames_field "$base.h$h" sent) heard=$(frames_field "$base.h$h" heard)
+            echo "VIA_ETHERNET h2=$h2: h$h frames sent=${sent:-?} heard=${heard:-?}"
+            if [ $h2 = on ]; then
+                [ "${sent:-0}" -gt 1000 ] && [ "${heard:-0}" -gt 1000 ] || { echo "h$h: too few frames"; ok=1; }
+            else
+                [ "$sent" = 0 ] && [ "$heard" = 0 ] || { echo "h$h: frames with VIA_ETHERNET=off on h2"; ok=1; }
+            fi
+        done
+    done
+    return "$ok"
+}
+
 run_one() {
     case $1 in
     names) case_names ;;
@@ -385,6 +418,7 @@ run_one() {
     gso-9000) case_gso 9000 ;;
     gso-refused) case_gso_refused ;;
     payload-crc) case_payload_crc ;;
+    ethernet) case_ethernet ;;
     *)
         echo "no case '$1' (cases: $ALL_CASES)"
         return 1

@@ -321,6 +321,7 @@ fn net_identity(vi: &Vi, remote_host: &[u8]) -> ViaResult<(Arc<NetPort>, u64, Ve
         rdma_read: a.rdma_read,
         segment: port.segment as u32,
         payload_crc: tuning().payload_crc,
+        ether: port.local_ether(),
     };
     Ok((port, key, client::encode_endpoint(&endpoint)))
 }
@@ -337,7 +338,7 @@ fn net_link(vi: &Vi, port: Arc<NetPort>, key: u64, remote: &CmEndpoint) -> Arc<N
     };
     let local = via_reliable::Peer { vi: vi.handle as u32, key };
     let peer = via_reliable::Peer { vi: remote.vi, key: remote.key };
-    Arc::new(NetLink::new(port, remote.addr, config, local, peer))
+    Arc::new(NetLink::new(port, remote.addr, remote.ether, config, local, peer))
 }
 
 /// A remote endpoint as the VI attributes report it.

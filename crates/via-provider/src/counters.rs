@@ -51,6 +51,10 @@ pub enum Counter {
     Malformed,
     /// Packets dropped for an unknown VI.
     UnknownVi,
+    /// Packets sent as Ethernet frames (`ether`), also counted in `PacketsSent`.
+    FramesSent,
+    /// Packets received as Ethernet frames, also counted in `PacketsReceived`.
+    FramesReceived,
     // Stage timings of the data path, kept only with `VIA_PROFILE`.
     /// Nanoseconds inside `VipPostSend`.
     PostSendNs,
@@ -81,7 +85,7 @@ pub enum Counter {
 }
 
 /// Names, in the order of [`Counter`].
-pub const NAMES: [&str; 32] = [
+pub const NAMES: [&str; 34] = [
     "msgs_sent",
     "msgs_received",
     "bytes_sent",
@@ -101,6 +105,8 @@ pub const NAMES: [&str; 32] = [
     "dropped_bad_key",
     "dropped_malformed",
     "dropped_unknown_vi",
+    "frames_sent",
+    "frames_received",
     "post_send_ns",
     "post_send_calls",
     "validate_ns",

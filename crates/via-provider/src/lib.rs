@@ -13,6 +13,7 @@ pub mod counters;
 pub mod cq;
 mod doorbell;
 pub mod endpoint;
+mod ether;
 pub mod handles;
 pub mod names;
 pub mod net;

@@ -18,6 +18,7 @@
 //! own.  `VIA_GSO=0` turns both off.
 
 use crate::counters::{Counter, Counters};
+use crate::ether::EtherSocket;
 use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UDP_SEGMENT};
 use crate::nic::Nic;
 use crate::peer_socket::{bind_port, set_option, PeerSocket};
@@ -34,6 +35,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
 use via_reliable::{BreakReason, Config, Event, Segment, Session};
+use via_wire::frame::{Frame, MAC_LEN};
 use via_wire::{Header, Packet, HEADER_LEN};
 
 /// Largest UDP payload.
@@ -90,6 +92,8 @@ pub struct NetPort {
     gso_buffers: AtomicU64,
     /// Coalesced datagrams received (holding more than one packet).
     gro_buffers: AtomicU64,
+    /// The port's Ethernet side, where the process may open it (`ether`).
+    ether: Option<EtherSocket>,
     vis: RwLock<HashMap<u32, Weak<Vi>, BuildHasherDefault<IdHasher>>>,
     /// Held while draining the sockets, so packets of one VI are handled in order.
     engine: Mutex<Engine>,
@@ -207,7 +211,15 @@ impl NetPort {
         // coalescing a buffer one byte longer than a packet tells a longer
         // datagram (truncated) from a packet.
         let buffer = if gro { GRO_BUFFER } else { MAX_DATAGRAM.min(HEADER_LEN + segment) + 1 };
-        let watched = Mutex::new(Watched { fds: vec![socket.as_raw_fd()], epoll: None });
+        let ether = match ip4 {
+            IpAddr::V4(ip) if tuning().ethernet => EtherSocket::open(ip, number)
+                .map_err(|e| tracing::debug!("no Ethernet frames on this port ({e}): UDP only"))
+                .ok(),
+            _ => None,
+        };
+        let mut fds = vec![socket.as_raw_fd()];
+        fds.extend(ether.as_ref().map(EtherSocket::fd));
+        let watched = Mutex::new(Watched { fds, epoll: None });
         let port = Arc::new(NetPort {
             socket,
             watched,
@@ -220,12 +232,15 @@ impl NetPort {
             gro,
             gso_buffers: AtomicU64::new(0),
             gro_buffers: AtomicU64::new(0),
+            ether,
             vis: RwLock::new(HashMap::default()),
             engine: Mutex::new(Engine {
                 batch: Batch::new(tuning().recv_batch, buffer, gro),
                 peers: Vec::new(),
                 polls: 0,
                 owed: Vec::new(),
+                frame_slot: 0,
+                udp_quiet: 0,
             }),
             counters: nic.counters.clone(),
             handover: Handover::default(),
@@ -353,14 +368,26 @@ impl NetPort {
             engine.peers.retain(|s| Arc::strong_count(s) > 1);
         }
         let mut busy = false;
-        for s in &engine.peers {
-            busy |= self.drain(&mut engine.batch, &mut engine.owed, s.fd());
+        // Frames first: one is always the oldest packet its session has
+        // in flight (`NetState::send_frame`).
+        if let Some(ether) = &self.ether {
+            busy |= self.take_frames(ether, &mut engine.frame_slot, &mut engine.owed);
         }
+        let quiet = engine.udp_quiet;
+        let udp_due = self.ether.is_none() || everything || quiet < UDP_QUIET || quiet % UDP_QUIET_EVERY == 0;
+        let mut udp = false;
+        if udp_due {
+            for s in &engine.peers {
+                udp |= self.drain(&mut engine.batch, &mut engine.owed, s.fd());
+            }
+        }
+        engine.udp_quiet = if udp { 0 } else { quiet.saturating_add(1) };
+        busy |= udp;
         // The unconnected socket waits for a poll that found the peers'
         // sockets empty: a message just taken is answered first.
         engine.polls = engine.polls.saturating_add(1);
         let due = (engine.polls >= UNCONNECTED_EVERY && !busy) || engine.polls >= UNCONNECTED_LATEST;
-        if everything || engine.peers.is_empty() || due {
+        if everything || engine.peers.is_empty() || (due && udp_due) {
             engine.polls = 0;
             busy |= self.drain(&mut engine.batch, &mut engine.owed, self.socket.as_raw_fd());
         }
@@ -396,6 +423,36 @@ impl NetPort {
         true
     }
 
+    /// Hands the frames waiting in the Ethernet side's ring to their VIs.
+    fn take_frames(&self, ether: &EtherSocket, slot: &mut usize, owed: &mut Vec<u32>) -> bool {
+        let port = self.local4.port();
+        ether.take(slot, |bytes| {
+            let packet = match Frame::new_checked(bytes) {
+                Ok(frame) if frame.port() == port => frame.packet(),
+                _ => {
+                    self.counters.add(Counter::Malformed, 1);
+                    return;
+                }
+            };
+            if let Some(header) = self.parse(packet) {
+                self.counters.add(Counter::FramesReceived, 1);
+                self.deliver(Some(header.dst_vi), &[(header, &packet[HEADER_LEN..])], owed, true);
+            }
+        })
+    }
+
+    /// The header of `packet`, checked; `None` (counted) for a malformed one.
+    fn parse(&self, packet: &[u8]) -> Option<Header> {
+        match Packet::new_checked(packet).and_then(|p| Header::parse(&p)) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::debug!("malformed packet: {e}");
+                self.counters.add(Counter::Malformed, 1);
+                None
+            }
+        }
+    }
+
     /// Hands the first `n` buffers of `batch` to their VIs.
     fn received(&self, batch: &Batch, owed: &mut Vec<u32>, n: usize) {
         let coalesced = batch.segments[..n].iter().zip(&batch.lens).filter(|(&s, &len)| s > 0 && len > s).count();
@@ -412,25 +469,19 @@ impl NetPort {
         let mut run: smallvec::SmallVec<[(Header, &[u8]); 4]> = smallvec::SmallVec::new();
         let mut run_vi = None;
         for datagram in batch.datagrams(n) {
-            let header = match Packet::new_checked(datagram).and_then(|p| Header::parse(&p)) {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::debug!("malformed packet: {e}");
-                    self.counters.add(Counter::Malformed, 1);
-                    continue;
-                }
-            };
+            let Some(header) = self.parse(datagram) else { continue };
             if run_vi != Some(header.dst_vi) {
-                self.deliver(run_vi, &run, owed);
+                self.deliver(run_vi, &run, owed, false);
                 run.clear();
                 run_vi = Some(header.dst_vi);
             }
             run.push((header, &datagram[HEADER_LEN..]));
         }
-        self.deliver(run_vi, &run, owed);
+        self.deliver(run_vi, &run, owed, false);
     }
 
-    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])], owed: &mut Vec<u32>) {
+    /// Hands `packets` (that came in a frame if `frame`) to VI `vi`.
+    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])], owed: &mut Vec<u32>, frame: bool) {
         let Some(id) = vi else { return };
         if packets.is_empty() {
             return;
@@ -439,7 +490,7 @@ impl NetPort {
         match target {
             Some(vi) => {
                 self.counters.add(Counter::PacketsReceived, packets.len() as u64);
-                if vi.net_input(packets) && !owed.contains(&id) {
+                if vi.net_input(packets, frame) && !owed.contains(&id) {
                     owed.push(id);
                 }
             }
@@ -462,6 +513,11 @@ impl NetPort {
             16 => self.local6.ok_or(ViaError::NotReachable),
             _ => Ok(self.local4),
         }
+    }
+
+    /// The Ethernet address where this port takes frames, if it does.
+    pub fn local_ether(&self) -> Option<[u8; MAC_LEN]> {
+        self.ether.as_ref().map(|e| e.mac)
     }
 
     /// Segmentation offload on this port: whether sends use GSO, whether
@@ -532,9 +588,14 @@ impl NetPort {
 
 /// What draining a port's sockets needs, held by whoever drains them.
 struct Engine {
+    /// The next slot of the Ethernet side's ring.
+    frame_slot: usize,
     batch: Batch,
-    /// The port's sockets connected to one peer each, drained at every poll.
+    /// The port's sockets connected to one peer each, drained at every poll
+    /// (`UDP_QUIET`).
     peers: Vec<Arc<PeerSocket>>,
+    /// Polls since the peer sockets last gave a packet.
+    udp_quiet: u32,
     /// Polls since the unconnected socket was last drained: it is drained
     /// every `UNCONNECTED_EVERY` (`UNCONNECTED_LATEST` while the peers keep
     /// the port busy), since connected peers do not send to it.
@@ -550,6 +611,13 @@ struct Engine {
 const UNCONNECTED_EVERY: u32 = 16;
 /// ...and after this many at the latest.
 const UNCONNECTED_LATEST: u32 = 64;
+
+/// A port that takes frames drains its peer sockets at every poll only
+/// until they have given nothing for this many polls; then, while the
+/// packets come as frames, every `UDP_QUIET_EVERY`th poll.  An empty read
+/// of a socket is a system call that a frame would wait behind.
+const UDP_QUIET: u32 = 64;
+const UDP_QUIET_EVERY: u32 = 16;
 
 /// The port's sockets, and the epoll set and token they are in, if any.
 struct Watched {
@@ -924,6 +992,10 @@ pub struct NetLink {
     pub peer: SocketAddr,
     /// The port's socket connected to the peer, if it has one.
     connected: Option<Arc<PeerSocket>>,
+    /// The peer's Ethernet address and port, if packets may go to it as
+    /// frames: it takes them, it is on this port's link, and the session
+    /// is reliable and checksums its payloads (a frame has no UDP checksum).
+    frames_to: Option<([u8; MAC_LEN], u16)>,
     /// This VI's id on the wire.
     pub local_vi: u32,
     pub(crate) state: Mutex<NetState>,
@@ -936,19 +1008,79 @@ pub(crate) struct NetState {
     out: OutPackets,
     /// The session's counters when last added to the NIC's.
     seen: via_reliable::Stats,
+    /// Packets sent and received as frames.
+    frames: FrameTally,
+}
+
+/// A link's frames, and whether it gave them up.
+#[derive(Default, Debug)]
+pub(crate) struct FrameTally {
+    sent: u64,
+    heard: u64,
+    /// Sequenced packets sent as frames that had to be sent again.
+    lost: u64,
+    /// Frames lost since the last one known to have arrived.
+    lost_in_row: u64,
+    /// The sequence number of the last sequenced packet sent as a frame,
+    /// until it is sent again.
+    last_seq: Option<u32>,
+    /// `FRAMES_LOST` frames lost in a row: whatever the neighbour table
+    /// says, frames do not reach the peer.
+    off: bool,
+}
+
+/// Frames lost in a row after which a link sends datagrams only.
+const FRAMES_LOST: u64 = 3;
+
+impl FrameTally {
+    /// A packet with sequence number `seq` (`None`: not sequenced) leaves.
+    /// Sequence numbers only grow: the one a frame carried, seen again, is
+    /// a retransmission of that frame.
+    fn leaving(&mut self, seq: Option<u32>) {
+        if seq.is_some() && seq == self.last_seq {
+            self.lost += 1;
+            self.lost_in_row += 1;
+            self.last_seq = None;
+            self.off |= self.lost_in_row >= FRAMES_LOST;
+        }
+    }
+
+    /// The packet with `seq` left as a frame, the only packet in flight:
+    /// the sequenced frame before it was acknowledged without being sent
+    /// again, so it arrived.
+    fn sent_frame(&mut self, seq: Option<u32>) {
+        self.sent += 1;
+        if seq.is_some() {
+            if self.last_seq.is_some() {
+                self.lost_in_row = 0;
+            }
+            self.last_seq = seq;
+        }
+    }
 }
 
 impl NetLink {
-    /// A link to `peer` with a fresh session.
+    /// A link to `peer` with a fresh session; `peer_ether` is where the
+    /// peer takes frames, if it does.
     pub fn new(
         port: Arc<NetPort>,
         peer: SocketAddr,
+        peer_ether: Option<[u8; MAC_LEN]>,
         config: Config,
         local: via_reliable::Peer,
         remote: via_reliable::Peer,
     ) -> NetLink {
+        let frames_to = match (&port.ether, peer, peer_ether) {
+            (Some(ether), SocketAddr::V4(v4), Some(mac))
+                if config.reliable && config.payload_crc && ether.on_link(*v4.ip(), mac) =>
+            {
+                Some((mac, v4.port()))
+            }
+            _ => None,
+        };
         NetLink {
             connected: port.connect_peer(peer),
+            frames_to,
             port,
             peer,
             local_vi: local.vi,
@@ -957,6 +1089,7 @@ impl NetLink {
                 outbound: Outbound::default(),
                 out: OutPackets::default(),
                 seen: Default::default(),
+                frames: FrameTally::default(),
             }),
         }
     }
@@ -999,23 +1132,61 @@ impl NetState {
         };
         let next = |s: &mut Session| if busy { s.poll_transmit_busy(now) } else { s.poll_transmit(now) };
         self.out.clear();
+        let mut batches = 0;
+        let mut last = None;
+        let was_off = self.frames.off;
         while let Some(t) = next(&mut self.session) {
+            last = t.header.kind.is_sequenced().then_some(t.header.seq);
+            self.frames.leaving(last);
             let gather = t.payload.and_then(|p| self.outbound.get(p.token));
             self.out.push(&t, gather);
             if self.out.len() == batch {
                 send(&self.out);
                 self.out.clear();
+                batches += 1;
             }
         }
-        if !self.out.is_empty() {
-            send(&self.out);
-        }
         let stats = self.session.stats();
+        if !self.out.is_empty() {
+            let lone = batches == 0 && self.out.len() == 1;
+            let retransmitted = stats.retransmits != self.seen.retransmits;
+            if lone && !retransmitted && self.send_frame(link) {
+                self.frames.sent_frame(last);
+            } else {
+                send(&self.out);
+            }
+        }
+        if self.frames.off && !was_off {
+            tracing::info!(vi = link.local_vi, peer = %link.peer, "frames lost in a row: packets to this peer go over UDP only");
+        }
         port.counters.add(Counter::Retransmits, stats.retransmits - self.seen.retransmits);
         port.counters.add(Counter::Duplicates, stats.duplicates - self.seen.duplicates);
         port.counters.add(Counter::BadKey, stats.bad_key - self.seen.bad_key);
         self.seen = stats;
         self.take_events(events);
+    }
+
+    /// Sends the one packet in `out` as a frame, if it may go as one: the
+    /// link sends frames, and the packet is the only one in flight, so a
+    /// frame never overtakes an earlier packet sent over UDP.  Returns
+    /// whether it went.
+    fn send_frame(&mut self, link: &NetLink) -> bool {
+        let (Some((mac, port)), Some(ether)) = (link.frames_to, link.port.ether.as_ref()) else { return false };
+        let packet = self.out.from(0).run(0, 1);
+        if self.frames.off || self.session.in_flight() > 1 || packet.len() > ether.max_packet {
+            return false;
+        }
+        if !ether.send(mac, port, packet) {
+            return false;
+        }
+        link.port.counters.add(Counter::PacketsSent, 1);
+        link.port.counters.add(Counter::FramesSent, 1);
+        true
+    }
+
+    /// A packet came from the peer as a frame.
+    pub(crate) fn heard_frame(&mut self) {
+        self.frames.heard += 1;
     }
 
     /// Moves the session's queued events to `events`, forgetting the
@@ -1119,7 +1290,7 @@ impl NetLink {
     /// Orderly disconnect: tell the peer, stop routing.
     pub fn disconnect(&self) {
         let mut st = self.state.lock();
-        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), payload_crc = st.session.config().payload_crc, "network VI disconnected");
+        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), frames = ?st.frames, payload_crc = st.session.config().payload_crc, "network VI disconnected");
         st.session.disconnect();
         st.flush(self, &mut NetEvents::new());
         drop(st);
@@ -1129,7 +1300,7 @@ impl NetLink {
     /// Breaks the connection, telling the peer `code` if given; stops routing.
     pub fn close(&self, code: Option<u32>) {
         let mut st = self.state.lock();
-        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), payload_crc = st.session.config().payload_crc, "network VI broken");
+        tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), frames = ?st.frames, payload_crc = st.session.config().payload_crc, "network VI broken");
         if let Some(code) = code {
             st.session.close(code);
         }
@@ -1152,6 +1323,44 @@ mod tests {
         assert!(scatter(&segs, 2, b"abcd"));
         assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
         assert!(!scatter(&segs, 6, b"abc"));
+    }
+
+    #[test]
+    fn a_link_gives_frames_up_after_three_lost_in_a_row_only() {
+        let mut t = FrameTally::default();
+        // Frames that arrive (the next goes out while nothing is in flight)
+        // and packets that are not frames' retransmissions.
+        for seq in 1..=5 {
+            t.leaving(Some(seq));
+            t.sent_frame(Some(seq));
+        }
+        t.leaving(None); // an acknowledgement
+        assert_eq!((t.sent, t.lost, t.off), (5, 0, false));
+        // Frame 6 goes out and comes back as a retransmission, twice over.
+        for seq in [6, 7] {
+            t.leaving(Some(seq));
+            t.sent_frame(Some(seq));
+            t.leaving(Some(seq));
+        }
+        assert_eq!((t.lost, t.lost_in_row, t.off), (2, 2, false));
+        // One that arrives clears the row...
+        t.leaving(Some(8));
+        t.sent_frame(Some(8));
+        t.leaving(Some(9));
+        t.sent_frame(Some(9));
+        assert_eq!((t.lost_in_row, t.off), (0, false));
+        // ...and three lost in a row end frames for the link.
+        for seq in [9, 10, 11] {
+            if seq != 9 {
+                t.leaving(Some(seq));
+                t.sent_frame(Some(seq));
+            }
+            t.leaving(Some(seq));
+        }
+        assert_eq!((t.lost, t.lost_in_row, t.off), (5, 3, true));
+        // An unsequenced frame neither counts as lost nor clears the row.
+        t.sent_frame(None);
+        assert_eq!(t.lost_in_row, 3);
     }
 
     #[test]

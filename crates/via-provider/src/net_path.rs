@@ -126,11 +126,14 @@ impl Vi {
     /// Packets for this VI arrived.  Returns whether the session owes an
     /// acknowledgement it held back: the port sends it when it finds its
     /// sockets empty (`Vi::send_owed_ack`), unless a reply carried it first.
-    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])]) -> bool {
+    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])], frame: bool) -> bool {
         let Some(link) = self.net.lock().clone() else { return false };
         let mut events = NetEvents::new();
         let owed = {
             let mut st = link.state.lock();
+            if frame {
+                st.heard_frame();
+            }
             let now = crate::clock::now();
             for &(ref header, payload) in packets {
                 // In order: placed straight from the datagram.  A packet can

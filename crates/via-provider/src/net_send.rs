@@ -101,7 +101,7 @@ impl<'a> Packets<'a> {
     }
 
     /// Packets `i..i + count`, as one run of bytes.
-    fn run(&self, i: usize, count: usize) -> &'a [u8] {
+    pub(crate) fn run(&self, i: usize, count: usize) -> &'a [u8] {
         let start = if i == 0 { self.start } else { self.ends[i - 1] };
         &self.bytes[start..self.ends[i + count - 1]]
     }

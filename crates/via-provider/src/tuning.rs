@@ -60,6 +60,10 @@ pub struct Tuning {
     /// only if both ends decline, and its payloads then rest on UDP's
     /// checksum, as TCP's do.
     pub payload_crc: bool,
+    /// `VIA_ETHERNET`: `on` (default) or `off`.  On, a port also sends
+    /// packets as Ethernet frames to peers on its link that take them
+    /// (`ether`), where the process may open a packet socket.
+    pub ethernet: bool,
     /// `VIA_PROFILE`: time the stages of the data path and append them to this file at `VipCloseNic`.
     pub profile: Option<PathBuf>,
 }
@@ -77,6 +81,7 @@ impl Default for Tuning {
             recv_batch: 32,
             spin: Spin::Fixed(Duration::from_micros(50)),
             payload_crc: true,
+            ethernet: true,
             profile: None,
         }
     }
@@ -135,6 +140,13 @@ impl Tuning {
                 _ => return Err(bad("VIA_PAYLOAD_CRC", &v, "on or off")),
             };
         }
+        if let Some(v) = get("VIA_ETHERNET") {
+            t.ethernet = match v.as_str() {
+                "on" => true,
+                "off" => false,
+                _ => return Err(bad("VIA_ETHERNET", &v, "on or off")),
+            };
+        }
         t.profile = get("VIA_PROFILE").filter(|v| !v.is_empty()).map(PathBuf::from);
         Ok(t)
     }
@@ -163,6 +175,7 @@ impl Tuning {
                 },
             ),
             ("payload_crc", if self.payload_crc { "on" } else { "off" }.into()),
+            ("ethernet", if self.ethernet { "on" } else { "off" }.into()),
         ]
     }
 }
@@ -212,6 +225,7 @@ mod tests {
             ("VIA_RECV_BATCH", "1"),
             ("VIA_SPIN_US", "adaptive"),
             ("VIA_PAYLOAD_CRC", "off"),
+            ("VIA_ETHERNET", "off"),
             ("VIA_PROFILE", "/tmp/p.json"),
         ])
         .unwrap();
@@ -222,6 +236,7 @@ mod tests {
         assert_eq!(t.recv_batch, 1);
         assert_eq!(t.spin, Spin::Adaptive);
         assert!(!t.payload_crc);
+        assert!(!t.ethernet);
         assert_eq!(t.profile, Some(PathBuf::from("/tmp/p.json")));
         assert_eq!(parse(&[("VIA_DOORBELL", "d1")]).unwrap().doorbell, Doorbell::PerVi);
         assert_eq!(parse(&[("VIA_SPIN_US", "7")]).unwrap().spin, Spin::Fixed(Duration::from_micros(7)));
@@ -238,6 +253,7 @@ mod tests {
             ("VIA_RECV_BATCH", "0"),
             ("VIA_SPIN_US", "fast"),
             ("VIA_PAYLOAD_CRC", "1"),
+            ("VIA_ETHERNET", "yes"),
         ] {
             let err = parse(&[(name, value)]).unwrap_err();
             assert!(err.contains(name), "{err}");

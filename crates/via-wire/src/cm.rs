@@ -45,6 +45,7 @@ const KIND_KEEPALIVE_REPLY: u8 = 7;
 const EP_RDMA_WRITE: u8 = 1;
 const EP_RDMA_READ: u8 = 2;
 const EP_PAYLOAD_CRC: u8 = 4;
+const EP_ETHERNET: u8 = 8;
 const REQ_PEER: u8 = 1;
 
 /// One end of a connection as the CM exchange describes it.
@@ -70,6 +71,9 @@ pub struct CmEndpoint {
     /// Whether this end wants the CRC-32C over payloads: a connection
     /// checksums its payloads unless both ends decline.
     pub payload_crc: bool,
+    /// The Ethernet address where this end also takes its packets as
+    /// Ethernet frames (`crate::frame`), if it does.
+    pub ether: Option<[u8; crate::frame::MAC_LEN]>,
 }
 
 /// A CM message.
@@ -284,8 +288,14 @@ fn put_endpoint(b: &mut Vec<u8>, e: &CmEndpoint) {
     if e.payload_crc {
         flags |= EP_PAYLOAD_CRC;
     }
+    if e.ether.is_some() {
+        flags |= EP_ETHERNET;
+    }
     b.push(flags);
     b.extend_from_slice(&e.segment.to_be_bytes());
+    if let Some(mac) = e.ether {
+        b.extend_from_slice(&mac);
+    }
 }
 
 /// A cursor over a CM body that fails with `Truncated` instead of panicking.
@@ -333,10 +343,14 @@ impl<'a> Reader<'a> {
         let reliability = self.u16()?;
         let max_transfer = self.u32()?;
         let flags = self.u8()?;
-        if flags & !(EP_RDMA_WRITE | EP_RDMA_READ | EP_PAYLOAD_CRC) != 0 {
+        if flags & !(EP_RDMA_WRITE | EP_RDMA_READ | EP_PAYLOAD_CRC | EP_ETHERNET) != 0 {
             return Err(WireError::ReservedFlags);
         }
         let segment = self.u32()?;
+        let ether = match flags & EP_ETHERNET {
+            0 => None,
+            _ => Some(<[u8; crate::frame::MAC_LEN]>::try_from(self.take(crate::frame::MAC_LEN)?).expect("6")),
+        };
         Ok(CmEndpoint {
             addr: SocketAddr::new(ip, port),
             vi,
@@ -347,6 +361,7 @@ impl<'a> Reader<'a> {
             rdma_read: flags & EP_RDMA_READ != 0,
             segment,
             payload_crc: flags & EP_PAYLOAD_CRC != 0,
+            ether,
         })
     }
 }
@@ -366,6 +381,7 @@ mod tests {
             rdma_read: v6,
             segment: 1400,
             payload_crc: !v6,
+            ether: (!v6).then_some([0x02, 0, 0x5e, 1, 2, 3]),
         }
     }
 

@@ -14,6 +14,7 @@
 
 pub mod cm;
 pub mod crc32c;
+pub mod frame;
 
 use std::fmt;
 

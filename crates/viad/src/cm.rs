@@ -441,6 +441,7 @@ mod tests {
             rdma_read: false,
             segment: 1400,
             payload_crc: true,
+            ether: None,
         }
     }
 

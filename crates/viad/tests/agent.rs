@@ -218,6 +218,7 @@ fn unreachable_host() {
         rdma_read: false,
         segment: 1400,
         payload_crc: true,
+        ether: None,
     };
     let info = encode_endpoint(&ep);
     let t = Instant::now();
@@ -398,6 +399,7 @@ fn cm_port_survives_garbage_and_odd_messages() {
         rdma_read: true,
         segment: 1400,
         payload_crc: true,
+        ether: None,
     };
     // A small deterministic generator keeps the test reproducible.
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;

@@ -206,6 +206,7 @@ fn endpoint(addr: &str, vi: u32) -> CmEndpoint {
         rdma_read: true,
         segment: 1400,
         payload_crc: true,
+        ether: None,
     }
 }
 

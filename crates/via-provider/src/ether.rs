@@ -1,0 +1,334 @@
+//! The Ethernet side of a port: openvia packets as Ethernet frames
+//! (`via_wire::frame`) between hosts on one link, past both kernels' IP
+//! and UDP layers.
+//!
+//! A packet socket on the interface that holds the device's address sends
+//! the frames.  It takes the frames for this port only (a socket filter on
+//! the frame's port) into a ring it shares with the kernel
+//! (`PACKET_RX_RING`): a poll that finds nothing reads memory instead of
+//! making a system call, and a frame that arrives is read without one.
+//! Opening it needs `CAP_NET_RAW`; without it the port is UDP only.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use via_wire::frame::{frame_header, ETHERTYPE, FRAME_HEADER_LEN, MAC_LEN};
+
+/// Bytes of one ring slot: the kernel's slot header, then the frame.
+const SLOT: usize = 2048;
+/// Bytes of one block of the ring (a multiple of the page size and of `SLOT`).
+const BLOCK: usize = 64 << 10;
+/// Blocks in the ring: 512 slots.
+const BLOCKS: usize = 16;
+/// Frames taken in one poll at most, so other sockets get their turn.
+const BATCH: usize = 64;
+
+/// `TPACKET_V2` (linux/if_packet.h `enum tpacket_versions`).
+const TPACKET_V2: libc::c_int = 1;
+/// The kernel's header in front of each slot, version 2.
+#[repr(C)]
+struct SlotHeader {
+    status: AtomicU32,
+    len: u32,
+    snaplen: u32,
+    mac: u16,
+    net: u16,
+    sec: u32,
+    nsec: u32,
+    vlan_tci: u16,
+    vlan_tpid: u16,
+    padding: [u8; 4],
+}
+/// Frame bytes a slot holds: what is left after the header and the
+/// kernel's alignment of the frame (`TPACKET2_HDRLEN` rounded, plus room
+/// for a link header it may reserve).
+const SLOT_ROOM: usize = SLOT - 128;
+
+/// The Ethernet side of one port.
+pub(crate) struct EtherSocket {
+    fd: OwnedFd,
+    ring: *mut u8,
+    /// This interface's Ethernet address.
+    pub mac: [u8; MAC_LEN],
+    /// The interface, for the neighbour table.
+    ifname: String,
+    /// The longest packet a frame may carry on this interface.
+    pub max_packet: usize,
+}
+
+// SAFETY: the ring is only read through `take`, whose caller holds the
+// port's engine lock (the only cursor); the pointer itself never changes.
+unsafe impl Send for EtherSocket {}
+unsafe impl Sync for EtherSocket {}
+
+impl EtherSocket {
+    /// Opens the Ethernet side of the port at `ip`:`port`, if `ip` belongs
+    /// to an Ethernet interface and the process may open a packet socket.
+    pub(crate) fn open(ip: Ipv4Addr, port: u16) -> std::io::Result<EtherSocket> {
+        let (ifname, ifindex, mac, mtu) = interface_of(ip)?;
+        // SAFETY: plain socket call; protocol 0 takes nothing until bind.
+        let raw =
+            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        attach_filter(fd.as_raw_fd(), port)?;
+        setsockopt(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, TPACKET_V2)?;
+        let req = libc::tpacket_req {
+            tp_block_size: BLOCK as u32,
+            tp_block_nr: BLOCKS as u32,
+            tp_frame_size: SLOT as u32,
+            tp_frame_nr: (BLOCK / SLOT * BLOCKS) as u32,
+        };
+        setsockopt_bytes(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        // Frames skip the queueing discipline: the session paces itself.
+        setsockopt(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)?;
+        // SAFETY: maps the ring the kernel just allocated for this socket.
+        let ring = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BLOCK * BLOCKS,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ring == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let socket = EtherSocket {
+            fd,
+            ring: ring as *mut u8,
+            mac,
+            ifname,
+            max_packet: (mtu + 14).min(SLOT_ROOM) - FRAME_HEADER_LEN,
+        };
+        // SAFETY: a zeroed sockaddr_ll is valid; the fields are set below.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = ETHERTYPE.to_be();
+        addr.sll_ifindex = ifindex;
+        // SAFETY: binds to a valid address of the right length.
+        let r = unsafe {
+            libc::bind(
+                socket.fd.as_raw_fd(),
+                &addr as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(socket)
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Hands each frame waiting in the ring, from slot `*cursor` on, to
+    /// `f` (an empty slice for one the kernel cut short), then gives its
+    /// slot back.  The caller must be the ring's only reader.  Returns
+    /// whether any came.
+    pub(crate) fn take(&self, cursor: &mut usize, mut f: impl FnMut(&[u8])) -> bool {
+        let slots = BLOCK / SLOT * BLOCKS;
+        let mut n = 0;
+        while n < BATCH {
+            // SAFETY: `*cursor < slots`, so the slot lies inside the mapping.
+            let slot = unsafe { self.ring.add(*cursor * SLOT) };
+            // SAFETY: slots are aligned to SLOT and start with the header.
+            let header = unsafe { &*(slot as *const SlotHeader) };
+            if header.status.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+                break;
+            }
+            // The kernel owns nothing of this slot until the status is
+            // written back; its offsets are still checked against the slot.
+            let start = header.mac as usize;
+            let len = header.snaplen as usize;
+            let whole = header.len as usize == len && start >= std::mem::size_of::<SlotHeader>() && start + len <= SLOT;
+            let bytes: &[u8] = if whole {
+                // SAFETY: `start..start + len` lies inside this slot, which
+                // is ours until the status store below.
+                unsafe { std::slice::from_raw_parts(slot.add(start), len) }
+            } else {
+                &[]
+            };
+            f(bytes);
+            header.status.store(0, Ordering::Release);
+            *cursor = (*cursor + 1) % slots;
+            n += 1;
+        }
+        n > 0
+    }
+
+    /// Sends `packet` as a frame to the port `port` of the host at `dst`.
+    /// Returns false if the kernel did not take it whole.
+    pub(crate) fn send(&self, dst: [u8; MAC_LEN], port: u16, packet: &[u8]) -> bool {
+        let header = frame_header(dst, self.mac, port, packet.len() as u16);
+        let mut iov = [
+            libc::iovec { iov_base: header.as_ptr() as *mut libc::c_void, iov_len: header.len() },
+            libc::iovec { iov_base: packet.as_ptr() as *mut libc::c_void, iov_len: packet.len() },
+        ];
+        // SAFETY: a zeroed msghdr is valid; it points at the two live buffers.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 2;
+        // SAFETY: sends from valid buffers on our socket.
+        let sent = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, 0) };
+        sent == (header.len() + packet.len()) as isize
+    }
+
+    /// Whether the host at `peer` is on this interface's link with the
+    /// Ethernet address `mac`: the kernel's neighbour table says so.  A
+    /// peer behind a router is not (the table holds the router's address).
+    pub(crate) fn on_link(&self, peer: Ipv4Addr, mac: [u8; MAC_LEN]) -> bool {
+        let table = fs::read_to_string("/proc/net/arp").unwrap_or_default();
+        neighbour(&table, &self.ifname, peer) == Some(mac)
+    }
+}
+
+impl Drop for EtherSocket {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the ring mapped in `open`; nothing refers to it now.
+        unsafe { libc::munmap(self.ring as *mut libc::c_void, BLOCK * BLOCKS) };
+    }
+}
+
+/// The interface that holds `ip`: its name, index, Ethernet address and MTU.
+fn interface_of(ip: Ipv4Addr) -> std::io::Result<(String, i32, [u8; MAC_LEN], usize)> {
+    let missing = || std::io::Error::new(std::io::ErrorKind::NotFound, "no Ethernet interface holds the address");
+    let mut name = None;
+    let mut ifaddrs: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list that freeifaddrs releases below.
+    if unsafe { libc::getifaddrs(&mut ifaddrs) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut mac = None;
+    let mut p = ifaddrs;
+    let mut entries = Vec::new();
+    while !p.is_null() {
+        // SAFETY: `p` is an entry of the list getifaddrs returned.
+        let e = unsafe { &*p };
+        p = e.ifa_next;
+        if e.ifa_addr.is_null() || e.ifa_flags & libc::IFF_LOOPBACK as u32 != 0 {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string of the list.
+        let ifname = unsafe { std::ffi::CStr::from_ptr(e.ifa_name) }.to_string_lossy().into_owned();
+        // SAFETY: the family says which sockaddr this is.
+        match unsafe { (*e.ifa_addr).sa_family } as i32 {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let a = unsafe { &*(e.ifa_addr as *const libc::sockaddr_in) };
+                if Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)) == ip {
+                    name = Some(ifname);
+                }
+            }
+            libc::AF_PACKET => {
+                // SAFETY: an AF_PACKET address is a sockaddr_ll.
+                let a = unsafe { &*(e.ifa_addr as *const libc::sockaddr_ll) };
+                if a.sll_halen as usize == MAC_LEN {
+                    let m: [u8; MAC_LEN] = a.sll_addr[..MAC_LEN].try_into().expect("6");
+                    entries.push((ifname, a.sll_ifindex, m));
+                }
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: releases the list; no reference into it is kept.
+    unsafe { libc::freeifaddrs(ifaddrs) };
+    let name = name.ok_or_else(missing)?;
+    for (ifname, index, m) in entries {
+        if ifname == name {
+            mac = Some((index, m));
+        }
+    }
+    let (index, mac) = mac.ok_or_else(missing)?;
+    let mtu = fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1500);
+    Ok((name, index, mac, mtu))
+}
+
+/// The Ethernet address `/proc/net/arp` (`table`) gives `ip` on
+/// `ifname`, if the entry is complete.
+fn neighbour(table: &str, ifname: &str, ip: Ipv4Addr) -> Option<[u8; MAC_LEN]> {
+    const COMPLETE: u32 = 0x2;
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [addr, _, flags, hw, _, dev] = f.as_slice() else { return None };
+        let flags = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()?;
+        if *dev != ifname || addr.parse::<Ipv4Addr>().ok()? != ip || flags & COMPLETE == 0 {
+            return None;
+        }
+        let bytes: Vec<u8> = hw.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>().ok()?;
+        bytes.try_into().ok()
+    })
+}
+
+/// A classic BPF program: frames of openvia's EtherType whose port is
+/// `port` are taken whole, every other frame is left.
+fn attach_filter(fd: RawFd, port: u16) -> std::io::Result<()> {
+    const LDH_ABS: u16 = 0x28; // BPF_LD | BPF_H | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    let op = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let mut program = [
+        op(LDH_ABS, 0, 0, 12),
+        op(JEQ_K, 0, 3, ETHERTYPE as u32),
+        op(LDH_ABS, 0, 0, 14),
+        op(JEQ_K, 0, 1, port as u32),
+        op(RET_K, 0, 0, u32::MAX),
+        op(RET_K, 0, 0, 0),
+    ];
+    let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_mut_ptr() };
+    setsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)
+}
+
+fn setsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
+    setsockopt_bytes(fd, level, name, &value)
+}
+
+fn setsockopt_bytes<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> std::io::Result<()> {
+    // SAFETY: passes a valid value of its own size.
+    let r = unsafe {
+        libc::setsockopt(fd, level, name, value as *const T as *const libc::c_void, std::mem::size_of::<T>() as u32)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = "IP address       HW type     Flags       HW address            Mask     Device
+10.77.0.2        0x1         0x2         1a:c7:4b:a0:8f:d2     *        vb0
+10.77.0.3        0x1         0x0         00:00:00:00:00:00     *        vb0
+10.78.0.2        0x1         0x2         02:00:00:00:00:09     *        eth1
+";
+
+    #[test]
+    fn the_neighbour_table_gives_complete_entries_of_the_interface_only() {
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(neighbour(TABLE, "vb0", ip("10.77.0.2")), Some([0x1a, 0xc7, 0x4b, 0xa0, 0x8f, 0xd2]));
+        // Incomplete, on another interface, or absent.
+        assert_eq!(neighbour(TABLE, "vb0", ip("10.77.0.3")), None);
+        assert_eq!(neighbour(TABLE, "vb0", ip("10.78.0.2")), None);
+        assert_eq!(neighbour(TABLE, "vb0", ip("10.77.0.9")), None);
+        assert_eq!(neighbour("garbage\n1 2 3\n", "vb0", ip("10.77.0.2")), None);
+    }
+
+    #[test]
+    fn the_slot_header_is_the_kernels() {
+        assert_eq!(std::mem::size_of::<SlotHeader>(), 32);
+    }
+}
