@@ -23,6 +23,7 @@ pub mod nic;
 mod peer_socket;
 pub mod progress;
 mod queue_lock;
+mod read_schedule;
 pub mod timeout;
 pub mod tuning;
 pub mod vi;

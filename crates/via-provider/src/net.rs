@@ -22,6 +22,7 @@ use crate::ether::EtherSocket;
 use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UDP_SEGMENT};
 use crate::nic::Nic;
 use crate::peer_socket::{bind_port, set_option, PeerSocket};
+use crate::read_schedule::ReadSchedule;
 use crate::tuning::tuning;
 use crate::Vi;
 use parking_lot::{Mutex, RwLock};
@@ -237,10 +238,9 @@ impl NetPort {
             engine: Mutex::new(Engine {
                 batch: Batch::new(tuning().recv_batch, buffer, gro),
                 peers: Vec::new(),
-                polls: 0,
+                schedule: ReadSchedule::default(),
                 owed: Vec::new(),
                 frame_slot: 0,
-                udp_quiet: 0,
             }),
             counters: nic.counters.clone(),
             handover: Handover::default(),
@@ -347,10 +347,10 @@ impl NetPort {
         PortSleep(self.clone())
     }
 
-    /// Drains the sockets, handing each packet to its VI: the peer sockets,
-    /// and the unconnected one when there are none, every `UNCONNECTED_EVERY`
-    /// polls (at the first idle one), or with `everything`.  Returns false
-    /// when another thread is draining them already.
+    /// Drains the sockets, handing each packet to its VI: the Ethernet
+    /// side's ring, then the sockets `ReadSchedule` names for this poll, or
+    /// with `everything` all of them.  Returns false when another thread is
+    /// draining them already.
     pub fn poll(&self, everything: bool) -> bool {
         let Some(mut engine) = self.engine.try_lock() else { return false };
         let engine = &mut *engine;
@@ -373,22 +373,16 @@ impl NetPort {
         if let Some(ether) = &self.ether {
             busy |= self.take_frames(ether, &mut engine.frame_slot, &mut engine.owed);
         }
-        let quiet = engine.udp_quiet;
-        let udp_due = self.ether.is_none() || everything || quiet < UDP_QUIET || quiet % UDP_QUIET_EVERY == 0;
+        let peers_read = engine.schedule.peers_due(self.ether.is_some(), everything);
         let mut udp = false;
-        if udp_due {
+        if peers_read {
             for s in &engine.peers {
                 udp |= self.drain(&mut engine.batch, &mut engine.owed, s.fd());
             }
         }
-        engine.udp_quiet = if udp { 0 } else { quiet.saturating_add(1) };
+        engine.schedule.peers_done(udp);
         busy |= udp;
-        // The unconnected socket waits for a poll that found the peers'
-        // sockets empty: a message just taken is answered first.
-        engine.polls = engine.polls.saturating_add(1);
-        let due = (engine.polls >= UNCONNECTED_EVERY && !busy) || engine.polls >= UNCONNECTED_LATEST;
-        if everything || engine.peers.is_empty() || (due && udp_due) {
-            engine.polls = 0;
+        if engine.schedule.unconnected_due(peers_read, busy, engine.peers.is_empty(), everything) {
             busy |= self.drain(&mut engine.batch, &mut engine.owed, self.socket.as_raw_fd());
         }
         // Idle: the data that came has been put where it belongs, so now
@@ -591,33 +585,14 @@ struct Engine {
     /// The next slot of the Ethernet side's ring.
     frame_slot: usize,
     batch: Batch,
-    /// The port's sockets connected to one peer each, drained at every poll
-    /// (`UDP_QUIET`).
+    /// The port's sockets connected to one peer each.
     peers: Vec<Arc<PeerSocket>>,
-    /// Polls since the peer sockets last gave a packet.
-    udp_quiet: u32,
-    /// Polls since the unconnected socket was last drained: it is drained
-    /// every `UNCONNECTED_EVERY` (`UNCONNECTED_LATEST` while the peers keep
-    /// the port busy), since connected peers do not send to it.
-    polls: u32,
+    /// Which sockets the next poll reads.
+    schedule: ReadSchedule,
     /// VIs whose sessions hold back an acknowledgement until a poll finds
     /// the sockets empty.
     owed: Vec<u32>,
 }
-
-/// How often an application's poll drains the unconnected socket as well
-/// when the port has peer sockets: every this many polls, at the first
-/// that found the peer sockets empty...
-const UNCONNECTED_EVERY: u32 = 16;
-/// ...and after this many at the latest.
-const UNCONNECTED_LATEST: u32 = 64;
-
-/// A port that takes frames drains its peer sockets at every poll only
-/// until they have given nothing for this many polls; then, while the
-/// packets come as frames, every `UDP_QUIET_EVERY`th poll.  An empty read
-/// of a socket is a system call that a frame would wait behind.
-const UDP_QUIET: u32 = 64;
-const UDP_QUIET_EVERY: u32 = 16;
 
 /// The port's sockets, and the epoll set and token they are in, if any.
 struct Watched {
