@@ -61,7 +61,7 @@ pub struct Options {
     /// Server: exit after the first client.
     #[arg(long)]
     pub once: bool,
-    /// Transports: via-send, via-rdma, tcp, raw-shm, raw-udp (comma-separated
+    /// Transports: via-send, via-rdma, tcp, raw-shm, raw-udp, raw-ether (comma-separated
     /// or repeated).  Default: via-send, via-rdma, tcp and the bare floor of
     /// the device (raw-shm on /dev/via_lo, raw-udp otherwise).
     #[arg(long, value_enum, value_delimiter = ',')]

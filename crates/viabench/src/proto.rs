@@ -35,6 +35,9 @@ pub enum Mode {
     RawShm,
     /// A bare UDP ping-pong: the physical floor across hosts.
     RawUdp,
+    /// A bare ping-pong of Ethernet frames on a packet socket: the floor
+    /// under openvia's frames between hosts on one link.
+    RawEther,
 }
 
 impl Mode {
@@ -46,6 +49,7 @@ impl Mode {
             Mode::Tcp => "tcp",
             Mode::RawShm => "raw-shm",
             Mode::RawUdp => "raw-udp",
+            Mode::RawEther => "raw-ether",
         }
     }
     /// Whether the mode goes through VIPL.
@@ -211,6 +215,9 @@ pub struct ServerInfo {
     pub port: u16,
     /// The shared-memory file (raw-shm).
     pub shm_path: Option<String>,
+    /// The server's Ethernet address (raw-ether).
+    #[serde(default)]
+    pub mac: Option<[u8; 6]>,
 }
 
 /// What the client tells the server once connected.
@@ -220,6 +227,9 @@ pub struct PeerInfo {
     pub rdma: Vec<(u64, u32)>,
     /// The client's UDP port (raw-udp).
     pub port: u16,
+    /// The client's Ethernet address (raw-ether).
+    #[serde(default)]
+    pub mac: Option<[u8; 6]>,
 }
 
 /// One measured run of one size.

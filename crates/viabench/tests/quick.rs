@@ -202,3 +202,19 @@ fn bare_udp_blocks_in_offload_buffers_arrive_whole() {
         assert_eq!(t["rows"].as_array().unwrap().len(), 4, "{}", t["label"]);
     }
 }
+
+#[test]
+fn raw_ether_refuses_the_loopback_with_a_clear_error() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("ether-lo");
+    let out = Command::new(env!("CARGO_BIN_EXE_viabench"))
+        .args(["--device", "/dev/via_lo", "--mode", "raw-ether", "--sizes", "4", "--no-progress"])
+        .env("VIA_VIAD", viad())
+        .env("VIA_AGENT_SOCKET", &run.socket)
+        .env("VIA_VIAD_IDLE", "2")
+        .env("VIA_CM_PORT", "0")
+        .output()
+        .expect("viabench runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success() && text.contains("not the loopback"), "{text}");
+}

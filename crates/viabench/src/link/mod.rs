@@ -6,6 +6,7 @@
 //! last one's, each with its own data pattern) and receives into memory it
 //! keeps until the block is checked.
 
+pub mod raw_ether;
 pub mod raw_shm;
 pub mod raw_udp;
 pub mod tcp;
@@ -102,6 +103,7 @@ pub fn server_setup(spec: &TestSpec, device: &str, local_ip: IpAddr) -> Result<B
         Mode::Tcp => Ok(Box::new(tcp::TcpPending::listen(spec, local_ip)?)),
         Mode::RawShm => Ok(Box::new(raw_shm::ShmLink::create(spec)?)),
         Mode::RawUdp => Ok(Box::new(raw_udp::UdpLink::bind(spec, local_ip, Side::Server)?)),
+        Mode::RawEther => Ok(Box::new(raw_ether::EtherLink::open(spec, Side::Server)?)),
     }
 }
 
@@ -118,7 +120,7 @@ pub fn client_connect(
         Mode::ViaSend | Mode::ViaRdma => {
             let mut link = via::ViaLink::open(spec, &spec.device, Side::Client)?;
             link.connect(info)?;
-            let peer = PeerInfo { rdma: link.rdma_targets(), port: 0 };
+            let peer = PeerInfo { rdma: link.rdma_targets(), ..Default::default() };
             Ok((Box::new(link), peer))
         }
         Mode::Tcp => Ok((Box::new(tcp::TcpLink::connect(spec, server_ip, info.port)?), PeerInfo::default())),
@@ -130,7 +132,13 @@ pub fn client_connect(
             let mut link = raw_udp::UdpLink::bind(spec, local_ip, Side::Client)?;
             let port = link.port();
             link.connect_to(std::net::SocketAddr::new(server_ip, info.port))?;
-            Ok((Box::new(link), PeerInfo { rdma: Vec::new(), port }))
+            Ok((Box::new(link), PeerInfo { port, ..Default::default() }))
+        }
+        Mode::RawEther => {
+            let mut link = raw_ether::EtherLink::open(spec, Side::Client)?;
+            link.connect_to(info.mac.ok_or_else(|| Error::new("the server sent no Ethernet address"))?);
+            let mac = Some(link.mac());
+            Ok((Box::new(link), PeerInfo { mac, ..Default::default() }))
         }
     }
 }

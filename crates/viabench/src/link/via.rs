@@ -652,7 +652,7 @@ impl Link for ViaLink {
 
 impl Pending for ViaLink {
     fn info(&self) -> ServerInfo {
-        ServerInfo { nic_addr: self.nic_addr.clone(), rdma: self.rdma_targets(), port: 0, shm_path: None }
+        ServerInfo { nic_addr: self.nic_addr.clone(), rdma: self.rdma_targets(), ..Default::default() }
     }
 
     fn accept(mut self: Box<Self>) -> Result<Box<dyn LinkServer>> {
