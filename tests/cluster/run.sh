@@ -165,8 +165,15 @@ case_names() {
 case_ipv6() {
     up 2 || return 1
     a6=$(cluster addr6 1)
-    pair "pingpong to $a6" "$logs/$tc" 60 "$out/pingpong" server -- "$out/pingpong" client "$a6" || return 1
-    grep -q "round trips" "$logs/$tc.h2"
+    pair "pingpong to $a6" "$logs/$tc" 60 env VIA_LOG=via_provider=info "$out/pingpong" server \
+        -- env VIA_LOG=via_provider=info "$out/pingpong" client "$a6" || return 1
+    grep -q "round trips" "$logs/$tc.h2" || return 1
+    # Peers on one link by IPv6 address exchange Ethernet frames too.
+    for h in 1 2; do
+        sent=$(frames_field "$logs/$tc.h$h" sent) heard=$(frames_field "$logs/$tc.h$h" heard)
+        echo "h$h frames sent=${sent:-?} heard=${heard:-?}"
+        [ "${sent:-0}" -gt 1000 ] && [ "${heard:-0}" -gt 1000 ] || return 1
+    done
 }
 
 # acceptance MTU

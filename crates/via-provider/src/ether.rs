@@ -10,7 +10,7 @@
 //! Opening it needs `CAP_NET_RAW`; without it the port is UDP only.
 
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use via_wire::frame::{frame_header, ETHERTYPE, FRAME_HEADER_LEN, MAC_LEN};
@@ -52,7 +52,7 @@ pub(crate) struct EtherSocket {
     /// This interface's Ethernet address.
     pub mac: [u8; MAC_LEN],
     /// The interface, for the neighbour table.
-    ifname: String,
+    ifindex: i32,
     /// The longest packet a frame may carry on this interface.
     pub max_packet: usize,
 }
@@ -66,7 +66,7 @@ impl EtherSocket {
     /// Opens the Ethernet side of the port at `ip`:`port`, if `ip` belongs
     /// to an Ethernet interface and the process may open a packet socket.
     pub(crate) fn open(ip: Ipv4Addr, port: u16) -> std::io::Result<EtherSocket> {
-        let (ifname, ifindex, mac, mtu) = interface_of(ip)?;
+        let (ifindex, mac, mtu) = interface_of(ip)?;
         // SAFETY: plain socket call; protocol 0 takes nothing until bind.
         let raw =
             unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
@@ -104,7 +104,7 @@ impl EtherSocket {
             fd,
             ring: ring as *mut u8,
             mac,
-            ifname,
+            ifindex,
             max_packet: (mtu + 14).min(SLOT_ROOM) - FRAME_HEADER_LEN,
         };
         // SAFETY: a zeroed sockaddr_ll is valid; the fields are set below.
@@ -183,11 +183,9 @@ impl EtherSocket {
     }
 
     /// Whether the host at `peer` is on this interface's link with the
-    /// Ethernet address `mac`: the kernel's neighbour table says so.  A
-    /// peer behind a router is not (the table holds the router's address).
-    pub(crate) fn on_link(&self, peer: Ipv4Addr, mac: [u8; MAC_LEN]) -> bool {
-        let table = fs::read_to_string("/proc/net/arp").unwrap_or_default();
-        neighbour(&table, &self.ifname, peer) == Some(mac)
+    /// Ethernet address `mac`: the kernel's neighbour table says so.
+    pub(crate) fn on_link(&self, peer: IpAddr, mac: [u8; MAC_LEN]) -> bool {
+        crate::neighbours::lookup(self.ifindex, peer) == Some(mac)
     }
 }
 
@@ -198,8 +196,8 @@ impl Drop for EtherSocket {
     }
 }
 
-/// The interface that holds `ip`: its name, index, Ethernet address and MTU.
-fn interface_of(ip: Ipv4Addr) -> std::io::Result<(String, i32, [u8; MAC_LEN], usize)> {
+/// The interface that holds `ip`: its index, Ethernet address and MTU.
+fn interface_of(ip: Ipv4Addr) -> std::io::Result<(i32, [u8; MAC_LEN], usize)> {
     let missing = || std::io::Error::new(std::io::ErrorKind::NotFound, "no Ethernet interface holds the address");
     let mut name = None;
     let mut ifaddrs: *mut libc::ifaddrs = std::ptr::null_mut();
@@ -252,23 +250,7 @@ fn interface_of(ip: Ipv4Addr) -> std::io::Result<(String, i32, [u8; MAC_LEN], us
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(1500);
-    Ok((name, index, mac, mtu))
-}
-
-/// The Ethernet address `/proc/net/arp` (`table`) gives `ip` on
-/// `ifname`, if the entry is complete.
-fn neighbour(table: &str, ifname: &str, ip: Ipv4Addr) -> Option<[u8; MAC_LEN]> {
-    const COMPLETE: u32 = 0x2;
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let [addr, _, flags, hw, _, dev] = f.as_slice() else { return None };
-        let flags = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()?;
-        if *dev != ifname || addr.parse::<Ipv4Addr>().ok()? != ip || flags & COMPLETE == 0 {
-            return None;
-        }
-        let bytes: Vec<u8> = hw.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>().ok()?;
-        bytes.try_into().ok()
-    })
+    Ok((index, mac, mtu))
 }
 
 /// A classic BPF program: frames of openvia's EtherType whose port is
@@ -309,23 +291,6 @@ fn setsockopt_bytes<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const TABLE: &str = "IP address       HW type     Flags       HW address            Mask     Device
-10.77.0.2        0x1         0x2         1a:c7:4b:a0:8f:d2     *        vb0
-10.77.0.3        0x1         0x0         00:00:00:00:00:00     *        vb0
-10.78.0.2        0x1         0x2         02:00:00:00:00:09     *        eth1
-";
-
-    #[test]
-    fn the_neighbour_table_gives_complete_entries_of_the_interface_only() {
-        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
-        assert_eq!(neighbour(TABLE, "vb0", ip("10.77.0.2")), Some([0x1a, 0xc7, 0x4b, 0xa0, 0x8f, 0xd2]));
-        // Incomplete, on another interface, or absent.
-        assert_eq!(neighbour(TABLE, "vb0", ip("10.77.0.3")), None);
-        assert_eq!(neighbour(TABLE, "vb0", ip("10.78.0.2")), None);
-        assert_eq!(neighbour(TABLE, "vb0", ip("10.77.0.9")), None);
-        assert_eq!(neighbour("garbage\n1 2 3\n", "vb0", ip("10.77.0.2")), None);
-    }
 
     #[test]
     fn the_slot_header_is_the_kernels() {

@@ -16,6 +16,7 @@ pub mod endpoint;
 mod ether;
 pub mod handles;
 pub mod names;
+mod neighbours;
 pub mod net;
 mod net_path;
 mod net_send;

@@ -1045,11 +1045,9 @@ impl NetLink {
         local: via_reliable::Peer,
         remote: via_reliable::Peer,
     ) -> NetLink {
-        let frames_to = match (&port.ether, peer, peer_ether) {
-            (Some(ether), SocketAddr::V4(v4), Some(mac))
-                if config.reliable && config.payload_crc && ether.on_link(*v4.ip(), mac) =>
-            {
-                Some((mac, v4.port()))
+        let frames_to = match (&port.ether, peer_ether) {
+            (Some(ether), Some(mac)) if config.reliable && config.payload_crc && ether.on_link(peer.ip(), mac) => {
+                Some((mac, peer.port()))
             }
             _ => None,
         };
