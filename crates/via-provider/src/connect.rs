@@ -322,15 +322,24 @@ fn net_identity(vi: &Vi, remote_host: &[u8]) -> ViaResult<(Arc<NetPort>, u64, Ve
         segment: port.segment as u32,
         payload_crc: tuning().payload_crc,
         ether: port.local_ether(),
+        large_packets: port.takes_large_packets(),
     };
     Ok((port, key, client::encode_endpoint(&endpoint)))
 }
 
 fn net_link(vi: &Vi, port: Arc<NetPort>, key: u64, remote: &CmEndpoint) -> Arc<NetLink> {
     let a = vi.attrs();
+    // Large packets when both ends take them: a window of 16 (1 MiB at
+    // MTU 1500) holds about what 256 packets of a datagram each did.
+    let large = remote.large_packets && port.takes_large_packets();
+    let (max_payload, window) = match large {
+        true => (port.large_payload, 16),
+        false => (port.segment.min(remote.segment as usize).max(1), via_reliable::Config::default().window),
+    };
     let config = via_reliable::Config {
         reliable: a.reliability != SERVICE_UNRELIABLE,
-        max_payload: port.segment.min(remote.segment as usize).max(1),
+        max_payload,
+        window,
         max_message: a.max_transfer.min(u32::MAX as u64) as u32,
         // Either end may insist on the CRC-32C over payloads.
         payload_crc: tuning().payload_crc || remote.payload_crc,

@@ -82,6 +82,9 @@ pub struct NetPort {
     dual_stack: bool,
     /// Payload bytes per packet.
     pub segment: usize,
+    /// Payload bytes per large packet (`takes_large_packets`): a whole
+    /// number of the MTU's datagrams fills one GSO buffer.
+    pub large_payload: usize,
     /// The device's MTU: a GSO segment must fit it whole.
     mtu: usize,
     /// Whether sends may use GSO: `VIA_GSO` allows it and the kernel has
@@ -228,6 +231,7 @@ impl NetPort {
             local6: ip6.filter(|_| dual_stack).map(|ip| SocketAddr::new(ip, number)),
             dual_stack,
             segment,
+            large_payload: large_payload(nic.device.mtu as usize),
             mtu: nic.device.mtu as usize,
             gso: AtomicBool::new(offload),
             gro,
@@ -507,6 +511,15 @@ impl NetPort {
             16 => self.local6.ok_or(ViaError::NotReachable),
             _ => Ok(self.local4),
         }
+    }
+
+    /// Whether this port sends and takes large packets: packets longer
+    /// than a datagram, one GSO buffer each, whose datagrams after the first
+    /// carry no header and which the receiver's `UDP_GRO` puts together
+    /// again.  It needs both offloads, and no `VIA_SEGMENT_SIZE` (which
+    /// asks for packets of that size).
+    pub fn takes_large_packets(&self) -> bool {
+        self.gro && self.gso.load(Ordering::Relaxed) && crate::tuning::segment_size().is_none()
     }
 
     /// The Ethernet address where this port takes frames, if it does.
@@ -859,7 +872,8 @@ fn received_len(len: usize, cap: usize, truncated: bool, segment: usize) -> usiz
 }
 
 /// The datagrams of a received buffer coalesced at `segment` bytes: every
-/// `segment` bytes one, the last possibly shorter.  A segment size of 0
+/// `segment` bytes one, the last possibly shorter, except that a large
+/// packet (longer than a segment) is one piece as long as its header says.  A segment size of 0
 /// or of the whole buffer or more means a single datagram (an empty buffer
 /// is one empty datagram, which fails the checks).
 fn split(buf: &[u8], segment: usize) -> Split<'_> {
@@ -877,11 +891,19 @@ impl<'a> Iterator for Split<'a> {
 
     fn next(&mut self) -> Option<&'a [u8]> {
         let rest = self.rest?;
-        if rest.len() <= self.step {
+        // A packet longer than a segment (a large packet: its datagrams
+        // after the first carry no header) takes as many bytes as its
+        // header says; it never starts anywhere but at a segment's start.
+        let magic = rest.len() >= 2 && u16::from_be_bytes([rest[0], rest[1]]) == via_wire::MAGIC;
+        let step = match first_packet_len(rest) {
+            len if magic && len > self.step => len,
+            _ => self.step,
+        };
+        if rest.len() <= step {
             self.rest = None;
             return Some(rest);
         }
-        let (datagram, more) = rest.split_at(self.step);
+        let (datagram, more) = rest.split_at(step);
         self.rest = Some(more);
         Some(datagram)
     }
@@ -947,6 +969,14 @@ fn kernel_has_gso(socket: &UdpSocket) -> bool {
             &mut len,
         ) == 0
     }
+}
+
+/// Payload bytes of a large packet at `mtu`: its header and payload fill
+/// whole datagrams of the MTU (IPv4), as many as one GSO buffer holds.
+fn large_payload(mtu: usize) -> usize {
+    let datagram = mtu.saturating_sub(IP4_UDP_HEADERS).max(HEADER_LEN + 1);
+    let count = (GSO_MAX_BYTES / datagram).clamp(1, GSO_MAX_SEGMENTS);
+    (count * datagram).min(MAX_DATAGRAM) - HEADER_LEN
 }
 
 /// Payload bytes per packet: `VIA_SEGMENT_SIZE`, or what fits the MTU.
@@ -1095,7 +1125,9 @@ impl NetState {
     fn flush_with(&mut self, link: &NetLink, now: Instant, events: &mut NetEvents<'_>, busy: bool) {
         let port = &*link.port;
         let send = |packets: &OutPackets| port.send_all(link.peer, link.connected.as_deref(), packets);
-        let size = HEADER_LEN + self.session.config().max_payload.min(MAX_DATAGRAM - HEADER_LEN);
+        // Packets of a datagram each; a large packet (longer) is a GSO
+        // buffer of its own.
+        let size = HEADER_LEN + port.segment.min(MAX_DATAGRAM - HEADER_LEN);
         // With GSO each GSO buffer goes as soon as it is full, so the peer
         // starts on it while the next is built; without, a batch of datagrams.
         let batch = if port.gso.load(Ordering::Relaxed) {
@@ -1112,8 +1144,9 @@ impl NetState {
             last = t.header.kind.is_sequenced().then_some(t.header.seq);
             self.frames.leaving(last);
             let gather = t.payload.and_then(|p| self.outbound.get(p.token));
+            let large = t.payload.is_some_and(|p| p.len as usize > port.segment);
             self.out.push(&t, gather);
-            if self.out.len() == batch {
+            if self.out.len() == batch || large {
                 send(&self.out);
                 self.out.clear();
                 batches += 1;
@@ -1469,6 +1502,42 @@ mod tests {
             assert_eq!(sent.packets, datagrams.len());
             Some(Loopback { rx, tx, gro, batch, max_segment, sent })
         }
+    }
+
+    /// A packet longer than a segment leaves as a GSO buffer of its own
+    /// and is taken back whole, among packets of one datagram each.
+    #[test]
+    fn a_large_packet_leaves_as_one_gso_buffer_and_comes_back_whole() {
+        let packet = |fill: u8, len: usize| {
+            let mut b = vec![fill; len];
+            let mut p = Packet::new_unchecked(&mut b[..]);
+            p.set_magic(via_wire::MAGIC);
+            p.set_payload_len((len - HEADER_LEN) as u16);
+            b
+        };
+        let datagrams = vec![packet(1, 1000), packet(2, 5000), packet(3, 1472 * 3), packet(4, 1000), packet(5, 200)];
+        let Some(Loopback { rx, tx: _, gro, mut batch, max_segment, sent }) = Loopback::send(&datagrams) else {
+            return;
+        };
+        if !gro || max_segment == 0 {
+            return;
+        }
+        // The two large packets, each a GSO buffer of its own, and the
+        // last two packets as a run.
+        assert_eq!(sent.gso_buffers, 3, "{sent:?}");
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < datagrams.len() && Instant::now() < deadline {
+            if let Some(n) = batch.receive(rx.as_raw_fd()) {
+                got.extend(batch.datagrams(n).map(|d| d.to_vec()));
+            }
+        }
+        assert_eq!(got, datagrams);
+        // Cut from one buffer: a large packet that fills whole segments,
+        // then packets of a segment each.
+        let joined = [packet(6, 1472 * 2), packet(7, 1472), packet(8, 900)].concat();
+        let pieces: Vec<usize> = split(&joined, 1472).map(<[u8]>::len).collect();
+        assert_eq!(pieces, vec![1472 * 2, 1472, 900]);
     }
 
     /// `receive_one` reads no control message: it cuts a coalesced buffer

@@ -149,15 +149,17 @@ pub(crate) struct Sent {
 
 /// Sends `packets` to `addr` (`None`: the peer `fd` is connected to) on
 /// `fd` with `sendmmsg`, runs of them as GSO buffers of segments up to
-/// `max_segment` bytes (0: no GSO).  A full socket buffer drops the rest
-/// (the session retransmits).
+/// `max_segment` bytes (0: no GSO), and a packet longer than that as a GSO
+/// buffer of its own, which the kernel cuts into a datagram with the
+/// header and headerless ones after it.  A full socket buffer drops the
+/// rest (the session retransmits).
 pub(crate) fn send_groups(
     fd: RawFd,
     addr: Option<&(libc::sockaddr_storage, libc::socklen_t)>,
     packets: Packets<'_>,
     max_segment: usize,
 ) -> Sent {
-    if packets.len() == 1 {
+    if packets.len() == 1 && (max_segment == 0 || packets.run(0, 1).len() <= max_segment) {
         return send_one(fd, addr, packets.run(0, 1));
     }
     let groups = gso_groups(packets.lens(), max_segment);
@@ -182,6 +184,8 @@ pub(crate) fn send_groups(
         h.msg_iovlen = 1;
         if g.count > 1 {
             set_segment_cmsg(&mut h, ctrl, g.segment as u16);
+        } else if is_gso(g, max_segment) {
+            set_segment_cmsg(&mut h, ctrl, max_segment as u16);
         }
         msgs.push(libc::mmsghdr { msg_hdr: h, msg_len: 0 });
     }
@@ -206,16 +210,22 @@ pub(crate) fn send_groups(
             err.raw_os_error(),
             Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
         );
-        if groups[done].count > 1 && gso_error {
+        if is_gso(&groups[done], max_segment) && gso_error {
             refused = Some(groups[done].start);
         }
         break;
     }
     Sent {
         packets: groups[..done].iter().map(|g| g.count).sum(),
-        gso_buffers: groups[..done].iter().filter(|g| g.count > 1).count(),
+        gso_buffers: groups[..done].iter().filter(|g| is_gso(g, max_segment)).count(),
         refused,
     }
+}
+
+/// Whether `g` leaves as a GSO buffer: a run of several packets, or one
+/// packet longer than a segment.
+fn is_gso(g: &Group, max_segment: usize) -> bool {
+    g.count > 1 || (max_segment > 0 && g.segment > max_segment)
 }
 
 /// A run of packets that leaves as one message: `count` packets from

@@ -46,6 +46,7 @@ const EP_RDMA_WRITE: u8 = 1;
 const EP_RDMA_READ: u8 = 2;
 const EP_PAYLOAD_CRC: u8 = 4;
 const EP_ETHERNET: u8 = 8;
+const EP_LARGE_PACKETS: u8 = 16;
 const REQ_PEER: u8 = 1;
 
 /// One end of a connection as the CM exchange describes it.
@@ -74,6 +75,10 @@ pub struct CmEndpoint {
     /// The Ethernet address where this end also takes its packets as
     /// Ethernet frames (`crate::frame`), if it does.
     pub ether: Option<[u8; crate::frame::MAC_LEN]>,
+    /// Whether this end takes packets longer than one datagram: sent as one
+    /// segmentation-offload buffer, whose datagrams after the first carry
+    /// no header, and put together again by its receive coalescing.
+    pub large_packets: bool,
 }
 
 /// A CM message.
@@ -291,6 +296,9 @@ fn put_endpoint(b: &mut Vec<u8>, e: &CmEndpoint) {
     if e.ether.is_some() {
         flags |= EP_ETHERNET;
     }
+    if e.large_packets {
+        flags |= EP_LARGE_PACKETS;
+    }
     b.push(flags);
     b.extend_from_slice(&e.segment.to_be_bytes());
     if let Some(mac) = e.ether {
@@ -343,7 +351,7 @@ impl<'a> Reader<'a> {
         let reliability = self.u16()?;
         let max_transfer = self.u32()?;
         let flags = self.u8()?;
-        if flags & !(EP_RDMA_WRITE | EP_RDMA_READ | EP_PAYLOAD_CRC | EP_ETHERNET) != 0 {
+        if flags & !(EP_RDMA_WRITE | EP_RDMA_READ | EP_PAYLOAD_CRC | EP_ETHERNET | EP_LARGE_PACKETS) != 0 {
             return Err(WireError::ReservedFlags);
         }
         let segment = self.u32()?;
@@ -362,6 +370,7 @@ impl<'a> Reader<'a> {
             segment,
             payload_crc: flags & EP_PAYLOAD_CRC != 0,
             ether,
+            large_packets: flags & EP_LARGE_PACKETS != 0,
         })
     }
 }
@@ -382,6 +391,7 @@ mod tests {
             segment: 1400,
             payload_crc: !v6,
             ether: (!v6).then_some([0x02, 0, 0x5e, 1, 2, 3]),
+            large_packets: v6,
         }
     }
 

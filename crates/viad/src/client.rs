@@ -507,6 +507,7 @@ mod tests {
             segment: 1400,
             payload_crc: true,
             ether: None,
+            large_packets: false,
         }
     }
 

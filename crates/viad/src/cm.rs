@@ -442,6 +442,7 @@ mod tests {
             segment: 1400,
             payload_crc: true,
             ether: None,
+            large_packets: false,
         }
     }
 

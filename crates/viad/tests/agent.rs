@@ -219,6 +219,7 @@ fn unreachable_host() {
         segment: 1400,
         payload_crc: true,
         ether: None,
+        large_packets: false,
     };
     let info = encode_endpoint(&ep);
     let t = Instant::now();
@@ -400,6 +401,7 @@ fn cm_port_survives_garbage_and_odd_messages() {
         segment: 1400,
         payload_crc: true,
         ether: None,
+        large_packets: false,
     };
     // A small deterministic generator keeps the test reproducible.
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;

@@ -207,6 +207,7 @@ fn endpoint(addr: &str, vi: u32) -> CmEndpoint {
         segment: 1400,
         payload_crc: true,
         ether: None,
+        large_packets: false,
     }
 }
 
