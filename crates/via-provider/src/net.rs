@@ -873,9 +873,9 @@ fn received_len(len: usize, cap: usize, truncated: bool, segment: usize) -> usiz
 
 /// The datagrams of a received buffer coalesced at `segment` bytes: every
 /// `segment` bytes one, the last possibly shorter, except that a large
-/// packet (longer than a segment) is one piece as long as its header says.  A segment size of 0
-/// or of the whole buffer or more means a single datagram (an empty buffer
-/// is one empty datagram, which fails the checks).
+/// packet (longer than a segment) is one piece as long as its header says.
+/// A segment size of 0 or of the whole buffer or more means a single
+/// datagram (an empty buffer is one empty datagram, which fails the checks).
 fn split(buf: &[u8], segment: usize) -> Split<'_> {
     Split { rest: Some(buf), step: if segment == 0 { usize::MAX } else { segment } }
 }
