@@ -9,6 +9,7 @@
 //! making a system call, and a frame that arrives is read without one.
 //! Opening it needs `CAP_NET_RAW`; without it the port is UDP only.
 
+use crate::peer_socket::{set_option, set_option_to};
 use std::fs;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -24,22 +25,6 @@ const BLOCKS: usize = 16;
 /// Frames taken in one poll at most, so other sockets get their turn.
 const BATCH: usize = 64;
 
-/// `TPACKET_V2` (linux/if_packet.h `enum tpacket_versions`).
-const TPACKET_V2: libc::c_int = 1;
-/// The kernel's header in front of each slot, version 2.
-#[repr(C)]
-struct SlotHeader {
-    status: AtomicU32,
-    len: u32,
-    snaplen: u32,
-    mac: u16,
-    net: u16,
-    sec: u32,
-    nsec: u32,
-    vlan_tci: u16,
-    vlan_tpid: u16,
-    padding: [u8; 4],
-}
 /// Frame bytes a slot holds: what is left after the header and the
 /// kernel's alignment of the frame (`TPACKET2_HDRLEN` rounded, plus room
 /// for a link header it may reserve).
@@ -76,16 +61,17 @@ impl EtherSocket {
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         attach_filter(fd.as_raw_fd(), port)?;
-        setsockopt(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, TPACKET_V2)?;
+        let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
+        set_option_to(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
         let req = libc::tpacket_req {
             tp_block_size: BLOCK as u32,
             tp_block_nr: BLOCKS as u32,
             tp_frame_size: SLOT as u32,
             tp_frame_nr: (BLOCK / SLOT * BLOCKS) as u32,
         };
-        setsockopt_bytes(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        set_option_to(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
         // Frames skip the queueing discipline: the session paces itself.
-        setsockopt(fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)?;
+        set_option(&fd, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)?;
         // SAFETY: maps the ring the kernel just allocated for this socket.
         let ring = unsafe {
             libc::mmap(
@@ -140,16 +126,22 @@ impl EtherSocket {
         while n < BATCH {
             // SAFETY: `*cursor < slots`, so the slot lies inside the mapping.
             let slot = unsafe { self.ring.add(*cursor * SLOT) };
-            // SAFETY: slots are aligned to SLOT and start with the header.
-            let header = unsafe { &*(slot as *const SlotHeader) };
-            if header.status.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            let header = slot as *mut libc::tpacket2_hdr;
+            // SAFETY: slots are aligned to SLOT and start with the kernel's
+            // header, whose status word the kernel and we share.
+            let status = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*header).tp_status)) };
+            if status.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
                 break;
             }
+            // SAFETY: the status says the kernel is done with the header;
+            // its fields are read through the pointer, without a reference
+            // over the status word that is stored to below.
+            let (start, len, full) = unsafe { ((*header).tp_mac, (*header).tp_snaplen, (*header).tp_len) };
             // The kernel owns nothing of this slot until the status is
             // written back; its offsets are still checked against the slot.
-            let start = header.mac as usize;
-            let len = header.snaplen as usize;
-            let whole = header.len as usize == len && start >= std::mem::size_of::<SlotHeader>() && start + len <= SLOT;
+            let (start, len) = (start as usize, len as usize);
+            let whole =
+                full as usize == len && start >= std::mem::size_of::<libc::tpacket2_hdr>() && start + len <= SLOT;
             let bytes: &[u8] = if whole {
                 // SAFETY: `start..start + len` lies inside this slot, which
                 // is ours until the status store below.
@@ -158,7 +150,7 @@ impl EtherSocket {
                 &[]
             };
             f(bytes);
-            header.status.store(0, Ordering::Release);
+            status.store(0, Ordering::Release);
             *cursor = (*cursor + 1) % slots;
             n += 1;
         }
@@ -269,31 +261,13 @@ fn attach_filter(fd: RawFd, port: u16) -> std::io::Result<()> {
         op(RET_K, 0, 0, 0),
     ];
     let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_mut_ptr() };
-    setsockopt_bytes(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)
-}
-
-fn setsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
-    setsockopt_bytes(fd, level, name, &value)
-}
-
-fn setsockopt_bytes<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> std::io::Result<()> {
-    // SAFETY: passes a valid value of its own size.
-    let r = unsafe {
-        libc::setsockopt(fd, level, name, value as *const T as *const libc::c_void, std::mem::size_of::<T>() as u32)
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    set_option_to(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn the_slot_header_is_the_kernels() {
-        assert_eq!(std::mem::size_of::<SlotHeader>(), 32);
+        assert_eq!(std::mem::size_of::<libc::tpacket2_hdr>(), 32);
     }
 }

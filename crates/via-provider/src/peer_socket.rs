@@ -87,19 +87,25 @@ fn bind_shared(addr: SocketAddr) -> std::io::Result<UdpSocket> {
 
 /// Sets an integer socket option.
 pub(crate) fn set_option(
-    socket: &UdpSocket,
+    socket: &impl AsRawFd,
     level: libc::c_int,
     name: libc::c_int,
     value: libc::c_int,
 ) -> std::io::Result<()> {
-    // SAFETY: setsockopt with an int option on our socket.
+    set_option_to(socket.as_raw_fd(), level, name, &value)
+}
+
+/// Sets socket option `name` of `fd` to `value`, a plain C value (an int,
+/// a `tpacket_req`, a `sock_fprog`) passed with its own size.
+pub(crate) fn set_option_to<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> std::io::Result<()> {
+    // SAFETY: setsockopt reads size_of::<T>() bytes of a live value.
     let r = unsafe {
         libc::setsockopt(
-            socket.as_raw_fd(),
+            fd,
             level,
             name,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            value as *const T as *const libc::c_void,
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if r == 0 {

@@ -252,14 +252,25 @@ pub fn set_int_option(
     option: libc::c_int,
     value: libc::c_int,
 ) -> std::io::Result<()> {
-    // SAFETY: an open socket and an int option value of the right size.
+    set_option(socket, level, option, &value)
+}
+
+/// Sets socket option `option` to `value`, a plain C value (an int, a
+/// `tpacket_req`) passed with its own size.
+pub fn set_option<T>(
+    socket: &impl std::os::fd::AsRawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: &T,
+) -> std::io::Result<()> {
+    // SAFETY: an open socket and a live value of the size passed.
     let r = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
             level,
             option,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            value as *const T as *const libc::c_void,
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if r == 0 {

@@ -6,7 +6,7 @@
 //! Ethernet frames, as `raw-udp` is under its datagrams.  Needs
 //! `CAP_NET_RAW`.
 
-use super::{interface_of, Deadline, Link, LinkServer, LinkStats, Pending, Side};
+use super::{interface_of, set_int_option, set_option, Deadline, Link, LinkServer, LinkStats, Pending, Side};
 use crate::error::{Error, Result};
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
@@ -24,26 +24,8 @@ const BATCH: usize = 64;
 const RING_BYTES: usize = 32 << 20;
 /// Bytes of a ring block.
 const BLOCK: usize = 1 << 20;
-/// `TPACKET_V2` and `TP_STATUS_USER` of linux/if_packet.h.
-const TPACKET_V2: libc::c_int = 1;
-const TP_STATUS_USER: u32 = 1;
 /// Room for the kernel's slot header in front of a frame.
 const SLOT_HEADROOM: usize = 128;
-
-/// The kernel's header of a ring slot (`struct tpacket2_hdr`).
-#[repr(C)]
-struct SlotHeader {
-    status: AtomicU32,
-    len: u32,
-    snaplen: u32,
-    mac: u16,
-    net: u16,
-    sec: u32,
-    nsec: u32,
-    vlan_tci: u16,
-    vlan_tpid: u16,
-    padding: [u8; 4],
-}
 
 /// A packet socket on the device's interface, with its receive ring.
 pub struct EtherLink {
@@ -87,7 +69,7 @@ impl EtherLink {
         }
         // SAFETY: a fresh descriptor nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V2)?;
+        set_int_option(&fd, libc::SOL_PACKET, libc::PACKET_VERSION, libc::tpacket_versions::TPACKET_V2 as libc::c_int)?;
         let slot = (mtu + 14 + SLOT_HEADROOM).next_power_of_two();
         let req = libc::tpacket_req {
             tp_block_size: BLOCK.max(slot) as u32,
@@ -95,8 +77,8 @@ impl EtherLink {
             tp_frame_size: slot as u32,
             tp_frame_nr: (RING_BYTES / slot) as u32,
         };
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1i32)?;
+        set_option(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        set_int_option(&fd, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, 1)?;
         // SAFETY: maps the ring the kernel just allocated for the socket.
         let ring = unsafe {
             libc::mmap(
@@ -161,13 +143,17 @@ impl EtherLink {
     fn take_frame(&mut self, out: &mut [u8]) -> Result<Option<usize>> {
         // SAFETY: next < slots: the slot lies inside the mapping.
         let base = unsafe { self.ring.add(self.next * self.slot) };
-        // SAFETY: a slot begins with the kernel's header.
-        let h = unsafe { &*(base as *const SlotHeader) };
-        if h.status.load(Ordering::Acquire) & TP_STATUS_USER == 0 {
+        let h = base as *mut libc::tpacket2_hdr;
+        // SAFETY: a slot begins with the kernel's header, whose status word
+        // the kernel and we share.
+        let status = unsafe { AtomicU32::from_ptr(std::ptr::addr_of_mut!((*h).tp_status)) };
+        if status.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
             return Ok(None);
         }
-        let (start, len) = (h.mac as usize, h.snaplen as usize);
-        let got = if start + len <= self.slot && len >= HEADER && h.len as usize == len {
+        // SAFETY: the kernel is done with the header; read through the
+        // pointer, without a reference over the status word.
+        let (start, len, full) = unsafe { ((*h).tp_mac as usize, (*h).tp_snaplen as usize, (*h).tp_len as usize) };
+        let got = if start + len <= self.slot && len >= HEADER && full == len {
             // SAFETY: start..start + len lies inside the slot, ours until released.
             let frame = unsafe { std::slice::from_raw_parts(base.add(start), len) };
             let n = u16::from_be_bytes([frame[14], frame[15]]) as usize;
@@ -180,7 +166,7 @@ impl EtherLink {
         } else {
             Err(Error::new("a frame cut short by the ring"))
         };
-        h.status.store(0, Ordering::Release);
+        status.store(0, Ordering::Release);
         self.next = (self.next + 1) % self.slots;
         got
     }
@@ -198,23 +184,6 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
     bytes.try_into().ok()
 }
 
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> Result<()> {
-    // SAFETY: a valid value of its own size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            value as *const T as *const libc::c_void,
-            std::mem::size_of::<T>() as u32,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(())
-}
-
 impl Link for EtherLink {
     fn prepare(&mut self, len: usize, seeds: [u64; 3]) -> Result<()> {
         for (buf, seed) in self.bufs.iter_mut().zip(seeds) {
@@ -226,43 +195,41 @@ impl Link for EtherLink {
     fn send(&mut self, which: Which, len: usize) -> Result<()> {
         let deadline = Deadline::after(self.timeout);
         let data = &self.bufs[which as usize][..len];
-        let chunks: Vec<&[u8]> = if len == 0 { vec![&[][..]] } else { data.chunks(self.payload).collect() };
+        // A block of 0 bytes is one empty frame.
+        let frames = len.div_ceil(self.payload).max(1);
+        // On the stack, so that a block costs no allocation.
+        let mut headers = [[0u8; HEADER]; BATCH];
+        let mut iov = [[libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; 2]; BATCH];
+        // SAFETY: a zeroed mmsghdr is valid; the iovecs are set below.
+        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
         let mut spins = 0u32;
-        for batch in chunks.chunks(BATCH) {
-            let headers: Vec<[u8; HEADER]> = batch
-                .iter()
-                .map(|c| {
-                    let mut h = [0u8; HEADER];
-                    h[..6].copy_from_slice(&self.peer);
-                    h[6..12].copy_from_slice(&self.mac);
-                    h[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-                    h[14..16].copy_from_slice(&(c.len() as u16).to_be_bytes());
-                    h
-                })
-                .collect();
-            let mut iov: Vec<[libc::iovec; 2]> = batch
-                .iter()
-                .zip(&headers)
-                .map(|(c, h)| {
-                    [
-                        libc::iovec { iov_base: h.as_ptr() as *mut libc::c_void, iov_len: HEADER },
-                        libc::iovec { iov_base: c.as_ptr() as *mut libc::c_void, iov_len: c.len() },
-                    ]
-                })
-                .collect();
-            let mut msgs: Vec<libc::mmsghdr> = iov
-                .iter_mut()
-                .map(|v| {
-                    // SAFETY: a zeroed msghdr is valid; it points at live iovecs.
-                    let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                    m.msg_hdr.msg_iov = v.as_mut_ptr();
-                    m.msg_hdr.msg_iovlen = 2;
-                    m
-                })
-                .collect();
+        let mut first = 0;
+        while first < frames {
+            let count = (frames - first).min(BATCH);
+            let chunk = |k: usize| {
+                let off = ((first + k) * self.payload).min(len);
+                &data[off..(off + self.payload).min(len)]
+            };
+            for (k, h) in headers[..count].iter_mut().enumerate() {
+                h[..6].copy_from_slice(&self.peer);
+                h[6..12].copy_from_slice(&self.mac);
+                h[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+                h[14..16].copy_from_slice(&(chunk(k).len() as u16).to_be_bytes());
+            }
+            for (k, v) in iov[..count].iter_mut().enumerate() {
+                let c = chunk(k);
+                *v = [
+                    libc::iovec { iov_base: headers[k].as_ptr() as *mut libc::c_void, iov_len: HEADER },
+                    libc::iovec { iov_base: c.as_ptr() as *mut libc::c_void, iov_len: c.len() },
+                ];
+            }
+            for (m, v) in msgs[..count].iter_mut().zip(iov.iter_mut()) {
+                m.msg_hdr.msg_iov = v.as_mut_ptr();
+                m.msg_hdr.msg_iovlen = 2;
+            }
             let mut done = 0;
-            while done < msgs.len() {
-                let rest = &mut msgs[done..];
+            while done < count {
+                let rest = &mut msgs[done..count];
                 // SAFETY: every message points at live buffers.
                 let r = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as u32, 0) };
                 if r > 0 {
@@ -280,7 +247,8 @@ impl Link for EtherLink {
                     _ => return Err(e.into()),
                 }
             }
-            self.messages += batch.len() as u64;
+            self.messages += count as u64;
+            first += count;
         }
         Ok(())
     }
