@@ -43,7 +43,7 @@ use via_wire::{Header, Packet, HEADER_LEN};
 pub(crate) const MAX_DATAGRAM: usize = 65507;
 
 /// `UDP_GRO` (linux/udp.h): receive coalesced datagrams, with their segment size.
-const UDP_GRO: libc::c_int = 104;
+pub(crate) const UDP_GRO: libc::c_int = 104;
 /// Receive buffer of a socket with `UDP_GRO`: the largest coalesced datagram.
 const GRO_BUFFER: usize = 65536;
 /// Bytes of the IPv4 and UDP headers; IPv6 has 20 more.
@@ -1178,7 +1178,7 @@ impl NetState {
     /// whether it went.
     fn send_frame(&mut self, link: &NetLink) -> bool {
         let (Some((mac, port)), Some(ether)) = (link.frames_to, link.port.ether.as_ref()) else { return false };
-        let packet = self.out.from(0).run(0, 1);
+        let Some(packet) = self.out.from(0).whole(0) else { return false };
         if self.frames.off || self.session.in_flight() > 1 || packet.len() > ether.max_packet {
             return false;
         }

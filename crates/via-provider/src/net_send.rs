@@ -4,9 +4,12 @@
 //!
 //! A packet's payload is copied from the application's registered buffers
 //! right after its header, and the checksum is computed over the copy while
-//! it is in the cache.  A GSO buffer is then one contiguous iovec: the
-//! kernel copies it in long runs, where an iovec per header and per payload
-//! piece cost it more than the copy they avoided.
+//! it is in the cache.  A GSO buffer of such packets is then one contiguous
+//! iovec: the kernel copies it in long runs, where an iovec per header and
+//! per payload piece cost it more than the copy they avoided.  A payload of
+//! a large packet (tens of KiB) is not copied: the kernel takes it from the
+//! registered buffers themselves, after the header, and the checksum is
+//! computed where it lies.
 
 use crate::net::{Gather, MAX_DATAGRAM};
 use std::os::fd::RawFd;
@@ -22,43 +25,74 @@ pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
 /// whole only up to 64 KiB with its link, IP and UDP headers; a longer one
 /// the kernel cuts into datagrams in software, several times slower.
 pub(crate) const GSO_MAX_BYTES: usize = 65536 - 64;
+/// Payloads of at least this many bytes are sent from the application's
+/// buffers rather than copied: only a large packet's are.  Below it, the
+/// packets of a GSO run each add two iovecs, which cost the kernel more
+/// than the copy saves.
+pub(crate) const SEND_IN_PLACE_MIN: usize = 16 * 1024;
 
-/// Packets built for sending, back to back in one buffer.
+/// Packets built for sending: their headers and copied payloads back to
+/// back in one buffer, and the payloads sent in place as pieces of the
+/// registered buffers.
 #[derive(Default)]
 pub(crate) struct OutPackets {
-    /// The packets, then room left from earlier batches.
+    /// Headers and copied payloads, then room left from earlier batches.
     bytes: Vec<u8>,
-    /// Where each packet ends in `bytes`.
-    ends: Vec<usize>,
+    /// The packets, in order.
+    built: Vec<Built>,
+    /// Every packet's payload pieces sent in place: address and length.
+    pieces: Vec<(u64, usize)>,
+}
+
+/// One packet of an [`OutPackets`].
+#[derive(Debug, Clone, Copy)]
+struct Built {
+    /// Where its bytes in the buffer end (the whole packet, or its header
+    /// if the payload is sent in place).
+    end: usize,
+    /// Its payload's pieces sent in place: `pieces[first_piece..end_piece]`,
+    /// none if the payload is in the buffer.
+    first_piece: u32,
+    end_piece: u32,
+    /// Its length on the wire.
+    len: usize,
 }
 
 impl OutPackets {
-    /// Forgets the packets, keeping the buffer.
+    /// Forgets the packets, keeping the buffers.
     pub(crate) fn clear(&mut self) {
-        self.ends.clear();
+        self.built.clear();
+        self.pieces.clear();
     }
 
     /// How many packets there are.
     pub(crate) fn len(&self) -> usize {
-        self.ends.len()
+        self.built.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.built.is_empty()
     }
 
     /// The packets from the `at`th on.
     pub(crate) fn from(&self, at: usize) -> Packets<'_> {
-        let start = at.checked_sub(1).map_or(0, |i| self.ends[i]);
-        Packets { bytes: &self.bytes, start, ends: &self.ends[at..] }
+        let start = at.checked_sub(1).map_or(0, |i| self.built[i].end);
+        Packets { bytes: &self.bytes, pieces: &self.pieces, start, built: &self.built[at..] }
     }
 
     /// Builds `t` after the packets there are: its payload copied from
     /// `gather` (zeros for a message that is gone: the peer has
-    /// acknowledged it already), then the checksum.
+    /// acknowledged it already), or left in place if it is long, then the
+    /// checksum.
     pub(crate) fn push(&mut self, t: &Transmit, gather: Option<&Gather>) {
         let plen = t.payload.map_or(0, |p| p.len as usize).min(MAX_DATAGRAM - HEADER_LEN);
-        let packet = self.grow(HEADER_LEN + plen);
+        if let (Some(p), Some(gather)) = (t.payload, gather) {
+            if plen >= SEND_IN_PLACE_MIN && self.push_in_place(t, gather, p.offset as u64, plen) {
+                return;
+            }
+        }
+        let room = self.grow(HEADER_LEN + plen, HEADER_LEN + plen);
+        let packet = &mut self.bytes[room];
         t.header.emit(packet, plen);
         match (t.payload, gather) {
             (Some(p), Some(gather)) => gather_bytes(gather, p.offset as u64, &mut packet[HEADER_LEN..]),
@@ -67,22 +101,51 @@ impl OutPackets {
         via_wire::finish(packet);
     }
 
+    /// Builds `t` with its `plen` payload bytes at `offset` of `gather` sent
+    /// in place.  Returns false (and builds nothing) if `gather` ends
+    /// before them.
+    fn push_in_place(&mut self, t: &Transmit, gather: &Gather, offset: u64, plen: usize) -> bool {
+        let first_piece = self.pieces.len();
+        if gather_pieces(gather, offset, plen, &mut self.pieces) < plen {
+            self.pieces.truncate(first_piece);
+            return false;
+        }
+        let room = self.grow(HEADER_LEN, HEADER_LEN + plen);
+        let header = &mut self.bytes[room];
+        t.header.emit(header, plen);
+        let pieces = self.pieces[first_piece..].iter().map(|&(addr, len)| {
+            // SAFETY: the buffers were validated against the registry when
+            // posted and stay registered until the descriptor completes.
+            // An application that writes to them meanwhile breaks the VIA
+            // contract; its packet then fails the receiver's checksum.
+            unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+        });
+        via_wire::finish_split(header, pieces);
+        let built = self.built.last_mut().expect("just grown");
+        built.first_piece = first_piece as u32;
+        built.end_piece = self.pieces.len() as u32;
+        true
+    }
+
     /// A packet of exactly `bytes`.
     #[cfg(test)]
     pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
-        self.grow(bytes.len()).copy_from_slice(bytes);
+        let room = self.grow(bytes.len(), bytes.len());
+        self.bytes[room].copy_from_slice(bytes);
     }
 
-    /// Room for one more packet of `len` bytes.
-    fn grow(&mut self, len: usize) -> &mut [u8] {
-        let start = self.ends.last().copied().unwrap_or(0);
-        let end = start + len;
+    /// Room in `bytes` for `here` bytes of one more packet, `len` bytes
+    /// long in all.
+    fn grow(&mut self, here: usize, len: usize) -> std::ops::Range<usize> {
+        let start = self.built.last().map_or(0, |b| b.end);
+        let end = start + here;
         if self.bytes.len() < end {
             // Zeroed once; later batches overwrite it.
             self.bytes.resize(end.max(2 * self.bytes.len()), 0);
         }
-        self.ends.push(end);
-        &mut self.bytes[start..end]
+        let at = self.pieces.len() as u32;
+        self.built.push(Built { end, first_piece: at, end_piece: at, len });
+        start..end
     }
 }
 
@@ -90,26 +153,60 @@ impl OutPackets {
 #[derive(Clone, Copy)]
 pub(crate) struct Packets<'a> {
     bytes: &'a [u8],
-    /// Where the first packet begins.
+    pieces: &'a [(u64, usize)],
+    /// Where the first packet's bytes begin.
     start: usize,
-    ends: &'a [usize],
+    built: &'a [Built],
 }
 
 impl<'a> Packets<'a> {
     fn len(&self) -> usize {
-        self.ends.len()
+        self.built.len()
     }
 
-    /// Packets `i..i + count`, as one run of bytes.
-    pub(crate) fn run(&self, i: usize, count: usize) -> &'a [u8] {
-        let start = if i == 0 { self.start } else { self.ends[i - 1] };
-        &self.bytes[start..self.ends[i + count - 1]]
+    /// Where packet `i`'s bytes in the buffer begin.
+    fn begin(&self, i: usize) -> usize {
+        if i == 0 {
+            self.start
+        } else {
+            self.built[i - 1].end
+        }
+    }
+
+    /// Packet `i` as one run of bytes, if its payload is not sent in place.
+    pub(crate) fn whole(&self, i: usize) -> Option<&'a [u8]> {
+        let b = &self.built[i];
+        (b.first_piece == b.end_piece).then(|| &self.bytes[self.begin(i)..b.end])
+    }
+
+    /// Appends the iovecs of packets `i..i + count` to `out`: the bytes
+    /// in the buffer as long runs, each payload sent in place after its
+    /// header.
+    fn iovecs(&self, i: usize, count: usize, out: &mut Vec<libc::iovec>) {
+        let mut run = self.begin(i);
+        for b in &self.built[i..i + count] {
+            if b.first_piece == b.end_piece {
+                continue;
+            }
+            out.push(iovec(self.bytes[run..b.end].as_ptr(), b.end - run));
+            for &(addr, len) in &self.pieces[b.first_piece as usize..b.end_piece as usize] {
+                out.push(iovec(addr as *const u8, len));
+            }
+            run = b.end;
+        }
+        let end = self.built[i + count - 1].end;
+        if end > run {
+            out.push(iovec(self.bytes[run..end].as_ptr(), end - run));
+        }
     }
 
     fn lens(&self) -> impl Iterator<Item = usize> + 'a {
-        let start = self.start;
-        self.ends.iter().scan(start, |at, &end| Some(end - std::mem::replace(at, end)))
+        self.built.iter().map(|b| b.len)
     }
+}
+
+fn iovec(base: *const u8, len: usize) -> libc::iovec {
+    libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len }
 }
 
 /// Copies bytes `offset..offset + out.len()` of the buffers `gather` into
@@ -133,6 +230,28 @@ pub(crate) fn gather_bytes(gather: &[(u64, u32)], mut offset: u64, out: &mut [u8
         }
     }
     out[filled..].fill(0);
+}
+
+/// Appends to `out` the pieces of the buffers `gather` that hold bytes
+/// `offset..offset + len` (of nonzero length), and returns how many
+/// bytes they cover: fewer than `len` if `gather` ends first.
+fn gather_pieces(gather: &[(u64, u32)], mut offset: u64, len: usize, out: &mut Vec<(u64, usize)>) -> usize {
+    let mut covered = 0;
+    for &(addr, piece) in gather {
+        let piece = piece as u64;
+        if offset >= piece {
+            offset -= piece;
+            continue;
+        }
+        let n = ((piece - offset) as usize).min(len - covered);
+        out.push((addr + offset, n));
+        covered += n;
+        offset = 0;
+        if covered == len {
+            break;
+        }
+    }
+    covered
 }
 
 /// What [`send_groups`] did.
@@ -159,29 +278,34 @@ pub(crate) fn send_groups(
     packets: Packets<'_>,
     max_segment: usize,
 ) -> Sent {
-    if packets.len() == 1 && (max_segment == 0 || packets.run(0, 1).len() <= max_segment) {
-        return send_one(fd, addr, packets.run(0, 1));
+    if packets.len() == 1 {
+        if let Some(packet) = packets.whole(0).filter(|p| max_segment == 0 || p.len() <= max_segment) {
+            return send_one(fd, addr, packet);
+        }
     }
     let groups = gso_groups(packets.lens(), max_segment);
     // Every iovec first: the vector must not move once messages point into it.
-    let mut iov: Vec<libc::iovec> = groups
-        .iter()
-        .map(|g| {
-            let run = packets.run(g.start, g.count);
-            libc::iovec { iov_base: run.as_ptr() as *mut libc::c_void, iov_len: run.len() }
-        })
-        .collect();
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(groups.len());
+    let mut iov_ends = Vec::with_capacity(groups.len());
+    for g in &groups {
+        packets.iovecs(g.start, g.count, &mut iov);
+        iov_ends.push(iov.len());
+    }
     let mut control: Vec<[u64; 3]> = vec![[0; 3]; groups.len()];
     let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(groups.len());
-    for ((g, ctrl), v) in groups.iter().zip(control.iter_mut()).zip(iov.iter_mut()) {
+    let iov_base = iov.as_mut_ptr();
+    let mut iov_start = 0;
+    for ((g, ctrl), &iov_end) in groups.iter().zip(control.iter_mut()).zip(&iov_ends) {
         // SAFETY: a zeroed msghdr is valid; fields set below.
         let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
         if let Some((name, len)) = addr {
             h.msg_name = name as *const libc::sockaddr_storage as *mut libc::c_void;
             h.msg_namelen = *len;
         }
-        h.msg_iov = v;
-        h.msg_iovlen = 1;
+        // SAFETY: `iov_start` is within `iov`, which no longer changes.
+        h.msg_iov = unsafe { iov_base.add(iov_start) };
+        h.msg_iovlen = (iov_end - iov_start) as _;
+        iov_start = iov_end;
         if g.count > 1 {
             set_segment_cmsg(&mut h, ctrl, g.segment as u16);
         } else if is_gso(g, max_segment) {
@@ -344,10 +468,10 @@ mod tests {
             let all = out.from(0);
             let mut at = 0;
             for (i, (offset, len, g)) in cases.into_iter().enumerate() {
-                let bytes = all.run(i, 1);
+                let bytes = all.whole(i).expect("copied payload");
                 assert_eq!(bytes.len(), HEADER_LEN + len as usize);
                 // Back to back: packet i begins where i - 1 ended.
-                assert_eq!(bytes.as_ptr(), all.run(0, cases.len())[at..].as_ptr());
+                assert_eq!(bytes.as_ptr(), all.whole(0).unwrap().as_ptr().wrapping_add(at));
                 at += bytes.len();
                 let checked = Packet::new_checked(bytes).expect("a valid packet");
                 let want = match g {
@@ -361,7 +485,7 @@ mod tests {
                 vec![HEADER_LEN + 1400, HEADER_LEN + 100, HEADER_LEN + 1400, HEADER_LEN + 1400]
             );
             assert_eq!(out.from(2).lens().count(), 2);
-            assert_eq!(out.from(2).run(0, 1), all.run(2, 1));
+            assert_eq!(out.from(2).whole(0), all.whole(2));
         }
     }
 
@@ -382,6 +506,89 @@ mod tests {
         let n = rx.recv(&mut buf).unwrap();
         let checked = Packet::new_checked(&buf[..n]).expect("a valid packet");
         assert_eq!(checked.payload(), &data[100..1500]);
+    }
+
+    /// The bytes of packets `i..i + count` as the kernel reads them from
+    /// their iovecs.
+    fn gathered(packets: Packets<'_>, i: usize, count: usize) -> Vec<u8> {
+        let mut iov = Vec::new();
+        packets.iovecs(i, count, &mut iov);
+        // SAFETY: every iovec points into the packets' buffer or into the
+        // test's payload, both alive.
+        iov.iter()
+            .flat_map(|v| unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) })
+            .copied()
+            .collect()
+    }
+
+    /// A long payload is not copied: its packet's header is followed on
+    /// the wire by the application's buffers themselves, and the checksum
+    /// covers them.  Short packets around it keep their copies.
+    #[test]
+    fn a_long_payload_is_sent_in_place_and_checksummed_where_it_lies() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + i / 97) as u8).collect();
+        // Three buffers, the message's bytes from the middle of the first.
+        let gather: Gather = smallvec::smallvec![
+            (data.as_ptr() as u64, 30_000),
+            (data.as_ptr() as u64 + 30_000, 5),
+            (data.as_ptr() as u64 + 30_005, 69_995)
+        ];
+        let cases = [
+            (0u32, 1000u32, true),
+            (20_000, 40_000, true),
+            (5000, 300, true),
+            (50_000, 20_000, true),
+            (0, 20_000, false),
+        ];
+        let mut out = OutPackets::default();
+        for (offset, len, present) in cases {
+            out.push(&transmit(offset, len), present.then_some(&gather));
+        }
+        let all = out.from(0);
+        let in_place: Vec<bool> = (0..cases.len()).map(|i| all.whole(i).is_none()).collect();
+        // A message that is gone has no buffers: its zeros are copied.
+        assert_eq!(in_place, vec![false, true, false, true, false]);
+        let mut expected = Vec::new();
+        for (i, (offset, len, present)) in cases.into_iter().enumerate() {
+            let one = gathered(all, i, 1);
+            let checked = Packet::new_checked(&one[..]).expect("a valid packet");
+            let want = match present {
+                true => data[offset as usize..(offset + len) as usize].to_vec(),
+                false => vec![0; len as usize],
+            };
+            assert_eq!(checked.payload(), &want[..], "packet {i}");
+            expected.extend(one);
+        }
+        // All of them as one message: the same bytes, in order.
+        assert_eq!(gathered(all, 0, cases.len()), expected);
+        assert_eq!(all.lens().collect::<Vec<_>>(), cases.iter().map(|c| HEADER_LEN + c.1 as usize).collect::<Vec<_>>());
+
+        // Over loopback, one datagram each, and the large one as a GSO
+        // buffer where the kernel takes them (taken back whole with UDP_GRO).
+        use std::net::UdpSocket;
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        crate::peer_socket::set_option_to(
+            std::os::fd::AsRawFd::as_raw_fd(&rx),
+            libc::SOL_UDP,
+            crate::net::UDP_GRO,
+            &1i32,
+        )
+        .unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let addr = crate::net::socket_addr(rx.local_addr().unwrap());
+        let mut buf = vec![0u8; 65536];
+        for max_segment in [0, 1472] {
+            let sent = send_groups(std::os::fd::AsRawFd::as_raw_fd(&tx), Some(&addr), out.from(1), max_segment);
+            if sent.refused.is_some() {
+                continue;
+            }
+            assert_eq!(sent.packets, cases.len() - 1, "segments of {max_segment}");
+            for i in 1..cases.len() {
+                let n = rx.recv(&mut buf).unwrap();
+                assert_eq!(&buf[..n], &gathered(all, i, 1)[..], "packet {i}, segments of {max_segment}");
+            }
+        }
     }
 
     fn groups(lens: &[usize], max_segment: usize) -> Vec<(usize, usize, usize)> {

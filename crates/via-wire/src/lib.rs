@@ -183,12 +183,19 @@ fn get_u64(b: &[u8], r: std::ops::Range<usize>) -> u64 {
 /// flipped flag bit then fails the header's checksum).  `buf` must hold at
 /// least [`HEADER_LEN`] bytes.
 fn compute_checksum(buf: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&buf[..field::CHECKSUM.start]);
+    let (header, payload) = buf.split_at(HEADER_LEN);
+    split_checksum(header, [payload])
+}
+
+/// [`compute_checksum`] of a packet whose payload is `payload`'s pieces in
+/// order, wherever they lie.
+fn split_checksum<'a>(header: &[u8], payload: impl IntoIterator<Item = &'a [u8]>) -> u32 {
+    let c = crc32c::crc32c(&header[..field::CHECKSUM.start]);
     let c = crc32c::crc32c_append(c, &[0; 4]);
-    if get_u16(buf, field::FLAGS) & FLAG_HEADER_CRC != 0 {
+    if get_u16(header, field::FLAGS) & FLAG_HEADER_CRC != 0 {
         return c;
     }
-    crc32c::crc32c_append(c, &buf[HEADER_LEN..])
+    payload.into_iter().fold(c, crc32c::crc32c_append)
 }
 
 /// A read/write view of a packet in a byte buffer.
@@ -562,6 +569,20 @@ impl Header {
 pub fn finish(buf: &mut [u8]) {
     assert!(buf.len() >= HEADER_LEN, "buffer shorter than the header");
     Packet::new_unchecked(buf).fill_checksum();
+}
+
+/// Fills the checksum of a packet that is sent from pieces: `header` is
+/// its first [`HEADER_LEN`] bytes, and its payload is `payload`'s pieces in
+/// order (as many bytes as the header's `payload_len`), wherever they lie.
+/// A sender that hands the kernel the application's buffers this way
+/// checksums them where they are instead of copying them next to the header.
+///
+/// # Panics
+/// If `header` is not [`HEADER_LEN`] bytes long.
+pub fn finish_split<'a>(header: &mut [u8], payload: impl IntoIterator<Item = &'a [u8]>) {
+    assert_eq!(header.len(), HEADER_LEN, "not a header");
+    let c = split_checksum(header, payload);
+    Packet::new_unchecked(header).set_checksum(c);
 }
 
 /// Builds a complete packet: header, payload and checksum.

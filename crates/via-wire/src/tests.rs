@@ -85,6 +85,28 @@ fn emit_then_gather_then_finish() {
 }
 
 #[test]
+fn a_packet_finished_from_pieces_checksums_as_one_built_whole() {
+    // The payload in pieces elsewhere: long enough to fold, cut at odd places.
+    let payload: Vec<u8> = (0..70_000u32).map(|i| (i * 7 + i / 251) as u8).take(65_000).collect();
+    for flags in [FLAG_FIRST, FLAG_FIRST | FLAG_HEADER_CRC] {
+        let h = Header { flags, ..sample_header() };
+        let whole = encode(&h, &payload);
+        for cuts in [vec![], vec![1], vec![3, 4097, 60_000], vec![64_999]] {
+            let mut pieces = Vec::new();
+            let mut at = 0;
+            for &cut in cuts.iter().chain([&payload.len()]) {
+                pieces.push(&payload[at..cut]);
+                at = cut;
+            }
+            let mut header = [0xeeu8; HEADER_LEN];
+            h.emit(&mut header, payload.len());
+            finish_split(&mut header, pieces);
+            assert_eq!(header[..], whole[..HEADER_LEN], "flags {flags:#x}, cut at {cuts:?}");
+        }
+    }
+}
+
+#[test]
 fn setters_and_getters_agree() {
     let mut buf = [0u8; HEADER_LEN + 4];
     let mut p = Packet::new_unchecked(&mut buf[..]);
