@@ -211,6 +211,14 @@ unsafe impl lock_api::RawMutex for RawQueueLock {
     }
 }
 
+/// Gets the process ready to bias work-queue locks, before any is taken:
+/// the kernel's registration for expedited barriers waits for a grace
+/// period, milliseconds that a thread holding a lock word (with the other
+/// thread waiting for it) must not spend.  Called when a VI is created.
+pub(crate) fn prepare() {
+    membarrier::available();
+}
+
 /// A work queue behind its lock.
 pub type QueueMutex<T> = lock_api::Mutex<RawQueueLock, T>;
 /// A held work-queue lock.

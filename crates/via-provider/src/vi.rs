@@ -206,6 +206,7 @@ impl Vi {
             nic.vi_count.fetch_sub(1, Ordering::AcqRel);
             return Err(ViaError::Resource);
         }
+        crate::queue_lock::prepare();
         let inserted = provider().vis.insert(|handle| {
             Arc::new(Vi {
                 handle,
