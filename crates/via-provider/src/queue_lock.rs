@@ -240,7 +240,7 @@ mod membarrier {
 
     /// The process registered for expedited barriers: its pid, or 0 if
     /// the kernel has none.
-    static REGISTERED: OnceLock<u32> = OnceLock::new();
+    pub(super) static REGISTERED: OnceLock<u32> = OnceLock::new();
 
     fn register() -> bool {
         let supported = call(CMD_QUERY);
@@ -302,6 +302,17 @@ mod tests {
             std::thread::spawn(move || drop(m2.lock())).join().unwrap();
         }
         assert_eq!(unsafe { m.raw() }.owner.load(Ordering::Relaxed), SHARED);
+    }
+
+    /// After `prepare`, taking the bias makes no registration (a system
+    /// call of milliseconds) with the word held.
+    #[test]
+    fn prepare_registers_before_any_lock_is_biased() {
+        prepare();
+        assert!(membarrier::REGISTERED.get().is_some());
+        if membarrier::available() {
+            assert_eq!(*membarrier::REGISTERED.get().unwrap(), std::process::id());
+        }
     }
 
     #[test]
