@@ -29,7 +29,7 @@ pub(crate) const GSO_MAX_BYTES: usize = 65536 - 64;
 /// buffers rather than copied: only a large packet's are.  Below it, the
 /// packets of a GSO run each add two iovecs, which cost the kernel more
 /// than the copy saves.
-pub(crate) const SEND_IN_PLACE_MIN: usize = 16 * 1024;
+const SEND_IN_PLACE_MIN: usize = 16 * 1024;
 
 /// Packets built for sending: their headers and copied payloads back to
 /// back in one buffer, and the payloads sent in place as pieces of the
