@@ -25,6 +25,10 @@
 #   payload-crc      4 MiB messages, every byte checked, with the payload
 #                    CRC declined by both ends (the connection goes without
 #                    it) and by one end only (it keeps it)
+#   ethernet         small messages as Ethernet frames both ways, and none
+#                    with VIA_ETHERNET=off on one end
+#   frame-loss       every frame to h2 dropped (nftables): h1 gives frames
+#                    up and the pingpong completes over UDP
 #
 # For each case a cluster comes up, the programs run on their hosts under
 # `timeout`, and the cluster goes down again (also on interruption).  Output:
@@ -53,7 +57,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -408,6 +412,37 @@ case_ethernet() {
     return "$ok"
 }
 
+# Frames lost on the way (docs/wire.md "Ethernet frames"): an nftables
+# rule at the ingress of h2's interface drops every frame of openvia's
+# EtherType, so none of h1's frames arrive.  h1's link must give frames up
+# after three lost in a row and carry on over UDP: the pingpong completes
+# with every reply checked, h1 reports its frames off, h2 heard none, and
+# h2's frames to h1, which nothing drops, still arrive.  (h2 gives frames
+# up as well: h1 answered them with acknowledgements as frames, which the
+# rule dropped, so they were sent again.)
+case_frame_loss() {
+    command -v nft >/dev/null 2>&1 || { echo "no nft (nftables) to drop frames with"; return 77; }
+    up 2 || return 1
+    on 2 10 nft add table netdev frame_loss || return 1
+    on 2 10 nft add chain netdev frame_loss in "{ type filter hook ingress device eth0 priority 0; }" || return 1
+    on 2 10 nft add rule netdev frame_loss in ether type 0x88b5 counter drop || return 1
+    base=$logs/$tc
+    pair pingpong "$base" 60 env VIA_LOG=via_provider=info "$out/pingpong" server \
+        -- env VIA_LOG=via_provider=info "$out/pingpong" client h1 || return 1
+    ok=0
+    dropped=$(on 2 10 nft list table netdev frame_loss | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
+    echo "frames dropped at h2: ${dropped:-?}"
+    [ "${dropped:-0}" -ge 3 ] || { echo "h2 dropped fewer than three frames"; ok=1; }
+    grep -q 'frames lost in a row' "$base.h1" || { echo "h1 did not give frames up"; ok=1; }
+    grep 'network VI' "$base.h1" | sed 's/\x1b\[[0-9;]*m//g' | grep -q 'off: true' ||
+        { echo "h1's link does not report its frames off"; ok=1; }
+    heard1=$(frames_field "$base.h1" heard) heard2=$(frames_field "$base.h2" heard)
+    echo "frames heard: h1 ${heard1:-?}, h2 ${heard2:-?}"
+    [ "${heard2:-1}" = 0 ] || { echo "h2 heard frames through the drop rule"; ok=1; }
+    [ "${heard1:-0}" -gt 0 ] || { echo "h2's frames did not reach h1"; ok=1; }
+    return "$ok"
+}
+
 run_one() {
     case $1 in
     names) case_names ;;
@@ -426,6 +461,7 @@ run_one() {
     gso-refused) case_gso_refused ;;
     payload-crc) case_payload_crc ;;
     ethernet) case_ethernet ;;
+    frame-loss) case_frame_loss ;;
     *)
         echo "no case '$1' (cases: $ALL_CASES)"
         return 1
