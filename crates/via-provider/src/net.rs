@@ -243,7 +243,7 @@ impl NetPort {
                 batch: Batch::new(tuning().recv_batch, buffer, gro),
                 peers: Vec::new(),
                 schedule: ReadSchedule::default(),
-                owed: Vec::new(),
+                owed: OwedAcks::default(),
                 frame_slot: 0,
             }),
             counters: nic.counters.clone(),
@@ -371,6 +371,7 @@ impl NetPort {
             drop(w);
             engine.peers.retain(|s| Arc::strong_count(s) > 1);
         }
+        engine.owed.app_away = everything;
         let mut busy = false;
         // Frames first: one is always the oldest packet its session has
         // in flight (`NetState::send_frame`).
@@ -391,10 +392,11 @@ impl NetPort {
         }
         // Idle: the data that came has been put where it belongs, so now
         // is the time to acknowledge it (a reply may have done so already).
-        if !busy && !engine.owed.is_empty() {
-            for id in engine.owed.drain(..) {
+        if !busy && !engine.owed.vis.is_empty() {
+            let app_away = engine.owed.app_away;
+            for id in engine.owed.vis.drain(..) {
                 if let Some(vi) = self.vis.read().get(&id).and_then(Weak::upgrade) {
-                    vi.send_owed_ack();
+                    vi.send_owed_ack(app_away);
                 }
             }
         }
@@ -404,7 +406,7 @@ impl NetPort {
     /// Reads one socket: a datagram, and if more seem to follow (a long
     /// message, coalesced datagrams), batches until it is empty.  Returns
     /// whether anything came.
-    fn drain(&self, batch: &mut Batch, owed: &mut Vec<u32>, fd: RawFd) -> bool {
+    fn drain(&self, batch: &mut Batch, owed: &mut OwedAcks, fd: RawFd) -> bool {
         if !batch.receive_one(fd) {
             return false;
         }
@@ -422,7 +424,7 @@ impl NetPort {
     }
 
     /// Hands the frames waiting in the Ethernet side's ring to their VIs.
-    fn take_frames(&self, ether: &EtherSocket, slot: &mut usize, owed: &mut Vec<u32>) -> bool {
+    fn take_frames(&self, ether: &EtherSocket, slot: &mut usize, owed: &mut OwedAcks) -> bool {
         let port = self.local4.port();
         ether.take(slot, |bytes| {
             let packet = match Frame::new_checked(bytes) {
@@ -452,7 +454,7 @@ impl NetPort {
     }
 
     /// Hands the first `n` buffers of `batch` to their VIs.
-    fn received(&self, batch: &Batch, owed: &mut Vec<u32>, n: usize) {
+    fn received(&self, batch: &Batch, owed: &mut OwedAcks, n: usize) {
         let coalesced = batch.segments[..n].iter().zip(&batch.lens).filter(|(&s, &len)| s > 0 && len > s).count();
         if coalesced > 0 {
             self.gro_buffers.fetch_add(coalesced as u64, Ordering::Relaxed);
@@ -462,7 +464,7 @@ impl NetPort {
 
     /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
     /// together, so that one acknowledgement can answer several.
-    fn dispatch(&self, batch: &Batch, owed: &mut Vec<u32>, n: usize) {
+    fn dispatch(&self, batch: &Batch, owed: &mut OwedAcks, n: usize) {
         // Consecutive packets of one VI: on the stack for the usual few.
         let mut run: smallvec::SmallVec<[(Header, &[u8]); 4]> = smallvec::SmallVec::new();
         let mut run_vi = None;
@@ -479,7 +481,7 @@ impl NetPort {
     }
 
     /// Hands `packets` (that came in a frame if `frame`) to VI `vi`.
-    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])], owed: &mut Vec<u32>, frame: bool) {
+    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])], owed: &mut OwedAcks, frame: bool) {
         let Some(id) = vi else { return };
         if packets.is_empty() {
             return;
@@ -488,8 +490,8 @@ impl NetPort {
         match target {
             Some(vi) => {
                 self.counters.add(Counter::PacketsReceived, packets.len() as u64);
-                if vi.net_input(packets, frame) && !owed.contains(&id) {
-                    owed.push(id);
+                if vi.net_input(packets, frame, owed.app_away) && !owed.vis.contains(&id) {
+                    owed.vis.push(id);
                 }
             }
             None => {
@@ -604,7 +606,19 @@ struct Engine {
     schedule: ReadSchedule,
     /// VIs whose sessions hold back an acknowledgement until a poll finds
     /// the sockets empty.
-    owed: Vec<u32>,
+    owed: OwedAcks,
+}
+
+/// The VIs that owe an acknowledgement, sent once a poll finds the
+/// sockets empty.  While the helper thread drains for an application that
+/// does not poll (`app_away`), everything received is acknowledged then,
+/// not after the acknowledgement's delay: no reply will carry it soon, and
+/// the helper thread's timer may wait long for a CPU the application is
+/// computing on, longer than the peer's retransmission timer.
+#[derive(Default)]
+struct OwedAcks {
+    vis: Vec<u32>,
+    app_away: bool,
 }
 
 /// The port's sockets, and the epoll set and token they are in, if any.

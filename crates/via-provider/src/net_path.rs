@@ -124,9 +124,10 @@ impl Vi {
     }
 
     /// Packets for this VI arrived.  Returns whether the session owes an
-    /// acknowledgement it held back: the port sends it when it finds its
-    /// sockets empty (`Vi::send_owed_ack`), unless a reply carried it first.
-    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])], frame: bool) -> bool {
+    /// acknowledgement it held back (with `app_away`, whether anything is
+    /// unacknowledged): the port sends it when it finds its sockets empty
+    /// (`Vi::send_owed_ack`), unless a reply carried it first.
+    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])], frame: bool, app_away: bool) -> bool {
         let Some(link) = self.net.lock().clone() else { return false };
         let mut events = NetEvents::new();
         let owed = {
@@ -144,7 +145,11 @@ impl Vi {
                 st.take_events(&mut events);
             }
             st.flush_busy(&link, now, &mut events);
-            st.session.ack_owed()
+            if app_away {
+                st.session.ack_pending()
+            } else {
+                st.session.ack_owed()
+            }
         };
         if !events.is_empty() {
             self.apply_net(&link, events);
@@ -153,13 +158,15 @@ impl Vi {
     }
 
     /// Sends the acknowledgement `net_input` held back, if no packet has
-    /// carried it since.
-    pub(crate) fn send_owed_ack(&self) {
+    /// carried it since; with `app_away`, also one still within its delay.
+    pub(crate) fn send_owed_ack(&self, app_away: bool) {
         let Some(link) = self.net.lock().clone() else { return };
         let mut events = NetEvents::new();
         {
             let mut st = link.state.lock();
-            if !st.session.ack_owed() {
+            if app_away {
+                st.session.acknowledge_now();
+            } else if !st.session.ack_owed() {
                 return;
             }
             st.flush(&link, &mut events);

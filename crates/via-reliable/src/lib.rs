@@ -537,6 +537,22 @@ impl Session {
         self.owes_ack() && !self.closed
     }
 
+    /// Whether anything received is unacknowledged: an acknowledgement is
+    /// owed ([`Session::ack_owed`]) or waits for its delay.
+    pub fn ack_pending(&self) -> bool {
+        self.unacked > 0 && !self.closed
+    }
+
+    /// Makes the next [`Session::poll_transmit`] acknowledge what was
+    /// received without waiting for the delay, for a receiver whose
+    /// application is not there to reply (and carry the acknowledgement)
+    /// soon.
+    pub fn acknowledge_now(&mut self) {
+        if self.ack_pending() {
+            self.ack_now = true;
+        }
+    }
+
     /// `ack_every` packets are unacknowledged.
     fn owes_ack(&self) -> bool {
         self.unacked >= self.config.ack_every.max(1)

@@ -104,3 +104,29 @@ fn order_tracking_keeps_the_three_largest() {
     }
     assert_eq!(o, [9, 8, 7]);
 }
+
+/// A lone packet is acknowledged only after the delay, unless the receiver
+/// asks for it now (its application is away); with nothing unacknowledged,
+/// asking sends nothing.
+#[test]
+fn a_delayed_acknowledgement_goes_at_once_when_asked_for() {
+    let t0 = Instant::now();
+    let config = Config::default();
+    let mut a = Session::new(config.clone(), A, B, t0);
+    let mut b = Session::new(config, B, A, t0);
+    assert!(!b.ack_pending());
+    b.acknowledge_now();
+    assert!(b.poll_transmit(t0).is_none(), "nothing to acknowledge");
+    a.send(OutMessage { kind: MsgKind::Send, len: 4, imm: None, token: 0 }).unwrap();
+    let t = a.poll_transmit(t0).expect("the message");
+    b.handle_packet(t0, &t.header, &[1, 2, 3, 4]);
+    // One packet: less than `ack_every`, so the acknowledgement waits.
+    assert!(b.ack_pending() && !b.ack_owed());
+    assert!(b.poll_transmit(t0).is_none(), "the acknowledgement waits for its delay");
+    b.acknowledge_now();
+    let ack = b.poll_transmit(t0).expect("the acknowledgement, at once");
+    assert_eq!(ack.header.kind, Kind::Ack);
+    assert_eq!(ack.header.ack, t.header.seq.wrapping_add(1));
+    assert!(!b.ack_pending());
+    assert!(b.poll_transmit(t0).is_none());
+}
