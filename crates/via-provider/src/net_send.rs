@@ -209,49 +209,45 @@ fn iovec(base: *const u8, len: usize) -> libc::iovec {
     libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len }
 }
 
+/// The pieces of the buffers `gather` that hold bytes `offset..offset +
+/// len`, in order, as address and length (of nonzero length): fewer bytes
+/// than `len` if `gather` ends first.
+fn pieces(gather: &[(u64, u32)], mut offset: u64, len: usize) -> impl Iterator<Item = (u64, usize)> + '_ {
+    let mut left = len;
+    gather.iter().filter_map(move |&(addr, piece)| {
+        let piece = piece as u64;
+        if left == 0 || offset >= piece {
+            offset -= piece.min(offset);
+            return None;
+        }
+        let n = ((piece - offset) as usize).min(left);
+        let at = addr + offset;
+        offset = 0;
+        left -= n;
+        Some((at, n))
+    })
+}
+
 /// Copies bytes `offset..offset + out.len()` of the buffers `gather` into
 /// `out`, zeros past their end.
-pub(crate) fn gather_bytes(gather: &[(u64, u32)], mut offset: u64, out: &mut [u8]) {
+pub(crate) fn gather_bytes(gather: &[(u64, u32)], offset: u64, out: &mut [u8]) {
     let mut filled = 0;
-    for &(addr, len) in gather {
-        let len = len as u64;
-        if offset >= len {
-            offset -= len;
-            continue;
-        }
-        let n = ((len - offset) as usize).min(out.len() - filled);
+    for (addr, n) in pieces(gather, offset, out.len()) {
         // SAFETY: the buffers were validated against the registry when posted
         // and stay registered until the descriptor completes.
-        unsafe { std::ptr::copy_nonoverlapping((addr + offset) as *const u8, out[filled..].as_mut_ptr(), n) };
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out[filled..].as_mut_ptr(), n) };
         filled += n;
-        offset = 0;
-        if filled == out.len() {
-            return;
-        }
     }
     out[filled..].fill(0);
 }
 
 /// Appends to `out` the pieces of the buffers `gather` that hold bytes
-/// `offset..offset + len` (of nonzero length), and returns how many
-/// bytes they cover: fewer than `len` if `gather` ends first.
-fn gather_pieces(gather: &[(u64, u32)], mut offset: u64, len: usize, out: &mut Vec<(u64, usize)>) -> usize {
-    let mut covered = 0;
-    for &(addr, piece) in gather {
-        let piece = piece as u64;
-        if offset >= piece {
-            offset -= piece;
-            continue;
-        }
-        let n = ((piece - offset) as usize).min(len - covered);
-        out.push((addr + offset, n));
-        covered += n;
-        offset = 0;
-        if covered == len {
-            break;
-        }
-    }
-    covered
+/// `offset..offset + len`, and returns how many bytes they cover: fewer
+/// than `len` if `gather` ends first.
+fn gather_pieces(gather: &[(u64, u32)], offset: u64, len: usize, out: &mut Vec<(u64, usize)>) -> usize {
+    let before = out.len();
+    out.extend(pieces(gather, offset, len));
+    out[before..].iter().map(|&(_, n)| n).sum()
 }
 
 /// What [`send_groups`] did.
@@ -284,34 +280,32 @@ pub(crate) fn send_groups(
         }
     }
     let groups = gso_groups(packets.lens(), max_segment);
-    // Every iovec first: the vector must not move once messages point into it.
     let mut iov: Vec<libc::iovec> = Vec::with_capacity(groups.len());
-    let mut iov_ends = Vec::with_capacity(groups.len());
-    for g in &groups {
-        packets.iovecs(g.start, g.count, &mut iov);
-        iov_ends.push(iov.len());
-    }
     let mut control: Vec<[u64; 3]> = vec![[0; 3]; groups.len()];
     let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(groups.len());
-    let iov_base = iov.as_mut_ptr();
-    let mut iov_start = 0;
-    for ((g, ctrl), &iov_end) in groups.iter().zip(control.iter_mut()).zip(&iov_ends) {
+    for (g, ctrl) in groups.iter().zip(control.iter_mut()) {
         // SAFETY: a zeroed msghdr is valid; fields set below.
         let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
         if let Some((name, len)) = addr {
             h.msg_name = name as *const libc::sockaddr_storage as *mut libc::c_void;
             h.msg_namelen = *len;
         }
-        // SAFETY: `iov_start` is within `iov`, which no longer changes.
-        h.msg_iov = unsafe { iov_base.add(iov_start) };
-        h.msg_iovlen = (iov_end - iov_start) as _;
-        iov_start = iov_end;
+        let first = iov.len();
+        packets.iovecs(g.start, g.count, &mut iov);
+        h.msg_iovlen = (iov.len() - first) as _;
         if g.count > 1 {
             set_segment_cmsg(&mut h, ctrl, g.segment as u16);
         } else if is_gso(g, max_segment) {
             set_segment_cmsg(&mut h, ctrl, max_segment as u16);
         }
         msgs.push(libc::mmsghdr { msg_hdr: h, msg_len: 0 });
+    }
+    // Each message's iovecs, now that the vector no longer moves.
+    let mut next = iov.as_mut_ptr();
+    for m in &mut msgs {
+        m.msg_hdr.msg_iov = next;
+        // SAFETY: the messages' iovec counts add up to `iov.len()`.
+        next = unsafe { next.add(m.msg_hdr.msg_iovlen as _) };
     }
     let mut done = 0;
     let mut refused = None;

@@ -305,14 +305,28 @@ mod tests {
     }
 
     /// After `prepare`, taking the bias makes no registration (a system
-    /// call of milliseconds) with the word held.
+    /// call of milliseconds) with the word held.  In a process of its own
+    /// (this test binary again, running only this test): the registration
+    /// is made once per process, and other tests here may have made it.
     #[test]
     fn prepare_registers_before_any_lock_is_biased() {
-        prepare();
-        assert!(membarrier::REGISTERED.get().is_some());
-        if membarrier::available() {
-            assert_eq!(*membarrier::REGISTERED.get().unwrap(), std::process::id());
+        const CHILD: &str = "VIA_TEST_PREPARE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            assert!(membarrier::REGISTERED.get().is_none(), "registered before prepare");
+            prepare();
+            assert!(membarrier::REGISTERED.get().is_some(), "prepare did not register");
+            if membarrier::available() {
+                assert_eq!(*membarrier::REGISTERED.get().unwrap(), std::process::id());
+            }
+            return;
         }
+        let name = "queue_lock::tests::prepare_registers_before_any_lock_is_biased";
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1", "--quiet"])
+            .env(CHILD, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "the test in a process of its own: {status}");
     }
 
     #[test]

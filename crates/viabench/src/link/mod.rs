@@ -222,6 +222,17 @@ impl Drop for Mapping {
     }
 }
 
+/// [`Link::verify`] of a link that keeps its last block in `received`:
+/// the block kept must be `len` bytes (`kept`) and follow the pattern of
+/// `seed`; a wrong byte is reported as "byte K of a LEN-byte `wrong`".
+pub fn verify_kept(kept: usize, received: &[u8], seed: u64, len: usize, wrong: &str) -> Result<()> {
+    if kept != len {
+        return Err(Error::new(format!("kept {kept} bytes of a {len}-byte block")));
+    }
+    crate::pattern::check(seed, 0, &received[..len])
+        .map_err(|k| Error::new(format!("byte {k} of a {len}-byte {wrong}")))
+}
+
 /// Rounds `n` up to a multiple of `to`.
 pub fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to

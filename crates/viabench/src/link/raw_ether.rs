@@ -295,11 +295,7 @@ impl Link for EtherLink {
     }
 
     fn verify(&self, seed: u64, len: usize) -> Result<()> {
-        if self.kept != len {
-            return Err(Error::new(format!("kept {} bytes of a {len}-byte block", self.kept)));
-        }
-        pattern::check(seed, 0, &self.rbuf[..len])
-            .map_err(|k| Error::new(format!("byte {k} of a {len}-byte block in frames is wrong")))
+        super::verify_kept(self.kept, &self.rbuf, seed, len, "block in frames is wrong")
     }
 
     fn finish(&mut self) -> Result<()> {

@@ -6,7 +6,7 @@
 //! (`UDP_GRO`) where the kernel allows, so its throughput is the floor too.
 
 use super::{set_int_option, set_socket_buffers, udp_payload, Deadline, Link, LinkServer, LinkStats, Pending, Side};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
 use std::io::ErrorKind;
@@ -188,11 +188,7 @@ impl Link for UdpLink {
     }
 
     fn verify(&self, seed: u64, len: usize) -> Result<()> {
-        if self.kept != len {
-            return Err(Error::new(format!("kept {} bytes of a {len}-byte block", self.kept)));
-        }
-        pattern::check(seed, 0, &self.rbuf[..len])
-            .map_err(|k| Error::new(format!("byte {k} of a {len}-byte UDP block is wrong (reordered datagrams?)")))
+        super::verify_kept(self.kept, &self.rbuf, seed, len, "UDP block is wrong (reordered datagrams?)")
     }
 
     fn finish(&mut self) -> Result<()> {

@@ -152,11 +152,7 @@ impl Link for TcpLink {
     }
 
     fn verify(&self, seed: u64, len: usize) -> Result<()> {
-        if self.kept != len {
-            return Err(Error::new(format!("kept {} bytes of a {len}-byte block", self.kept)));
-        }
-        pattern::check(seed, 0, &self.rbuf[..len])
-            .map_err(|k| Error::new(format!("byte {k} of a {len}-byte TCP block is wrong")))
+        super::verify_kept(self.kept, &self.rbuf, seed, len, "TCP block is wrong")
     }
 
     fn finish(&mut self) -> Result<()> {
