@@ -235,8 +235,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// [`HEADER_LEN`], magic, version, a known kind, no reserved flag bits,
     /// and `HEADER_LEN + payload_len` equal to the buffer length.
     pub fn check_structure(&self) -> Result<(), WireError> {
-        let b = self.buffer.as_ref();
-        if b.len() < HEADER_LEN {
+        self.check_header(self.buffer.as_ref().len())
+    }
+
+    /// [`Packet::check_structure`] of a packet `len` bytes long whose
+    /// header is this buffer's start (its payload may lie elsewhere).
+    fn check_header(&self, len: usize) -> Result<(), WireError> {
+        if self.buffer.as_ref().len() < HEADER_LEN {
             return Err(WireError::Truncated);
         }
         if self.magic() != MAGIC {
@@ -249,7 +254,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         if self.flags() & !FLAGS_KNOWN != 0 {
             return Err(WireError::ReservedFlags);
         }
-        if HEADER_LEN + self.payload_len() as usize != b.len() {
+        if HEADER_LEN + self.payload_len() as usize != len {
             return Err(WireError::BadLength);
         }
         Ok(())
@@ -507,6 +512,27 @@ impl Header {
     /// checksum, which [`Packet::new_checked`] verifies).
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Header, WireError> {
         packet.check_structure()?;
+        Header::fields(packet)
+    }
+
+    /// Reads and checks a packet that arrived in two places: its header in
+    /// `header` ([`HEADER_LEN`] bytes), its payload in `payload` (received
+    /// straight where it belongs).  The same checks as
+    /// [`Packet::new_checked`] and [`Header::parse`] of the whole packet.
+    pub fn parse_split(header: &[u8], payload: &[u8]) -> Result<Header, WireError> {
+        if header.len() != HEADER_LEN {
+            return Err(WireError::BadLength);
+        }
+        let packet = Packet::new_unchecked(header);
+        packet.check_header(HEADER_LEN + payload.len())?;
+        if packet.checksum() != split_checksum(header, [payload]) {
+            return Err(WireError::BadChecksum);
+        }
+        Header::fields(&packet)
+    }
+
+    /// The fields of a packet whose structure was checked.
+    fn fields<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Header, WireError> {
         Ok(Header {
             kind: packet.kind()?,
             flags: packet.flags(),

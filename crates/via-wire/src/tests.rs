@@ -107,6 +107,32 @@ fn a_packet_finished_from_pieces_checksums_as_one_built_whole() {
 }
 
 #[test]
+fn a_packet_received_in_two_places_is_checked_like_a_whole_one() {
+    let payload: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+    for flags in [FLAG_FIRST, FLAG_FIRST | FLAG_HEADER_CRC] {
+        let h = Header { flags, ..sample_header() };
+        let whole = encode(&h, &payload);
+        let (head, body) = whole.split_at(HEADER_LEN);
+        assert_eq!(Header::parse_split(head, body), Ok(h));
+        // The payload is short or long by a byte: its length field disagrees.
+        assert_eq!(Header::parse_split(head, &body[1..]), Err(WireError::BadLength));
+        assert_eq!(Header::parse_split(&whole[..HEADER_LEN - 1], body), Err(WireError::BadLength));
+        // A flipped payload bit fails the checksum unless only the header is covered.
+        let mut bent = body.to_vec();
+        bent[4321] ^= 0x10;
+        let expected = if flags & FLAG_HEADER_CRC != 0 { Ok(h) } else { Err(WireError::BadChecksum) };
+        assert_eq!(Header::parse_split(head, &bent), expected);
+        // A flipped header bit always does.
+        let mut bent_head = head.to_vec();
+        bent_head[field::SEQ.start] ^= 1;
+        assert_eq!(Header::parse_split(&bent_head, body), Err(WireError::BadChecksum));
+        let mut bad_magic = head.to_vec();
+        bad_magic[0] ^= 0xff;
+        assert_eq!(Header::parse_split(&bad_magic, body), Err(WireError::BadMagic));
+    }
+}
+
+#[test]
 fn setters_and_getters_agree() {
     let mut buf = [0u8; HEADER_LEN + 4];
     let mut p = Packet::new_unchecked(&mut buf[..]);
