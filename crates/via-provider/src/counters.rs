@@ -55,6 +55,9 @@ pub enum Counter {
     FramesSent,
     /// Packets received as Ethernet frames, also counted in `PacketsReceived`.
     FramesReceived,
+    /// Packets whose payload the kernel wrote straight into the posted
+    /// receive buffer where it belongs (`NetPort::land`).
+    PacketsInPlace,
     // Stage timings of the data path, kept only with `VIA_PROFILE`.
     /// Nanoseconds inside `VipPostSend`.
     PostSendNs,
@@ -85,7 +88,7 @@ pub enum Counter {
 }
 
 /// Names, in the order of [`Counter`].
-pub const NAMES: [&str; 34] = [
+pub const NAMES: [&str; 35] = [
     "msgs_sent",
     "msgs_received",
     "bytes_sent",
@@ -107,6 +110,7 @@ pub const NAMES: [&str; 34] = [
     "dropped_unknown_vi",
     "frames_sent",
     "frames_received",
+    "packets_in_place",
     "post_send_ns",
     "post_send_calls",
     "validate_ns",

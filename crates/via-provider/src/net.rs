@@ -244,6 +244,7 @@ impl NetPort {
                 peers: Vec::new(),
                 schedule: ReadSchedule::default(),
                 owed: OwedAcks::default(),
+                landing: None,
                 frame_slot: 0,
             }),
             counters: nic.counters.clone(),
@@ -381,14 +382,14 @@ impl NetPort {
         let peers_read = engine.schedule.peers_due(self.ether.is_some(), everything);
         let mut udp = false;
         if peers_read {
-            for s in &engine.peers {
-                udp |= self.drain(&mut engine.batch, &mut engine.owed, s.fd());
+            for fd in engine.peers.iter().map(|s| s.fd()).collect::<smallvec::SmallVec<[RawFd; 4]>>() {
+                udp |= self.drain(engine, fd);
             }
         }
         engine.schedule.peers_done(udp);
         busy |= udp;
         if engine.schedule.unconnected_due(peers_read, busy, engine.peers.is_empty(), everything) {
-            busy |= self.drain(&mut engine.batch, &mut engine.owed, self.socket.as_raw_fd());
+            busy |= self.drain(engine, self.socket.as_raw_fd());
         }
         // Idle: the data that came has been put where it belongs, so now
         // is the time to acknowledge it (a reply may have done so already).
@@ -404,23 +405,87 @@ impl NetPort {
     }
 
     /// Reads one socket: a datagram, and if more seem to follow (a long
-    /// message, coalesced datagrams), batches until it is empty.  Returns
+    /// message, coalesced datagrams), batches until it is empty.  While
+    /// large packets come, each is read on its own, its payload straight
+    /// into the posted receive buffer where it belongs (`land`).  Returns
     /// whether anything came.
-    fn drain(&self, batch: &mut Batch, owed: &mut OwedAcks, fd: RawFd) -> bool {
-        if !batch.receive_one(fd) {
-            return false;
-        }
-        self.received(batch, owed, 1);
-        if !batch.more_likely(0, HEADER_LEN + self.segment) {
+    fn drain(&self, engine: &mut Engine, fd: RawFd) -> bool {
+        let mut any = false;
+        loop {
+            if let Some(vi) = engine.landing.filter(|&(at, _)| at == fd).and_then(|(_, vi)| self.vi(vi)) {
+                match self.land(engine, fd, &vi) {
+                    Some(true) => {
+                        any = true;
+                        continue;
+                    }
+                    Some(false) => return any,
+                    None => engine.landing = None,
+                }
+            }
+            if !engine.batch.receive_one(fd) {
+                return any;
+            }
+            self.received(engine, fd, 1);
+            if !engine.batch.more_likely(0, HEADER_LEN + self.segment) {
+                return true;
+            }
+            if engine.landing.is_some_and(|(at, _)| at == fd) {
+                any = true;
+                continue;
+            }
+            while let Some(n) = engine.batch.receive(fd) {
+                self.received(engine, fd, n);
+                if n < engine.batch.lens.len() {
+                    break;
+                }
+            }
             return true;
         }
-        while let Some(n) = batch.receive(fd) {
-            self.received(batch, owed, n);
-            if n < batch.lens.len() {
-                break;
-            }
+    }
+
+    /// Receives one datagram from `fd` with its payload placed where `vi`'s
+    /// message continues (`Vi::receive_in_place`), and hands it on: in
+    /// place if it is that packet and intact, else put together behind its
+    /// header as any other datagram.  `Some(false)` when the socket is
+    /// empty, `None` when `vi` has no message under way.
+    fn land(&self, engine: &mut Engine, fd: RawFd, vi: &Vi) -> Option<bool> {
+        let batch = &mut engine.batch;
+        let max = self.large_payload.min(batch.bufs[0].len() - HEADER_LEN);
+        let (got, place, room) =
+            vi.receive_in_place(max, |place, room| (batch.receive_beside(fd, place, room), place, room))?;
+        if !got {
+            return Some(false);
         }
-        true
+        let len = batch.lens[0];
+        let payload_len = len.saturating_sub(HEADER_LEN);
+        if len > HEADER_LEN && payload_len <= room && first_packet_len(&batch.bufs[0][..len.min(HEADER_LEN)]) == len {
+            self.count_coalesced(batch, 1);
+            // SAFETY: the kernel wrote `payload_len` bytes at `place`, which
+            // stays a posted receive's buffer until the VI places this
+            // packet or its connection goes (then nothing is placed).
+            let payload = unsafe { std::slice::from_raw_parts(place, payload_len) };
+            match Header::parse_split(&batch.bufs[0][..HEADER_LEN], payload) {
+                Ok(header) => {
+                    self.counters.add(Counter::PacketsInPlace, 1);
+                    if payload_len > self.segment {
+                        engine.landing = Some((fd, header.dst_vi));
+                    }
+                    self.deliver(Some(header.dst_vi), &[(header, payload)], &mut engine.owed, false);
+                }
+                Err(e) => {
+                    tracing::debug!("malformed packet: {e}");
+                    self.counters.add(Counter::Malformed, 1);
+                }
+            }
+        } else {
+            // Another datagram: its bytes after the header go back behind it.
+            let moved = payload_len.min(room);
+            // SAFETY: the kernel wrote `moved` bytes at `place`, and the
+            // batch's first buffer has room for them after the header.
+            unsafe { std::ptr::copy_nonoverlapping(place, batch.bufs[0][HEADER_LEN..].as_mut_ptr(), moved) };
+            self.received(engine, fd, 1);
+        }
+        Some(true)
     }
 
     /// Hands the frames waiting in the Ethernet side's ring to their VIs.
@@ -453,21 +518,36 @@ impl NetPort {
         }
     }
 
-    /// Hands the first `n` buffers of `batch` to their VIs.
-    fn received(&self, batch: &Batch, owed: &mut OwedAcks, n: usize) {
+    /// Hands the first `n` buffers of the batch, read from `fd`, to their
+    /// VIs, and notes a large packet's VI for the next receive (`land`).
+    fn received(&self, engine: &mut Engine, fd: RawFd, n: usize) {
+        self.count_coalesced(&engine.batch, n);
+        if let Some(vi) = self.dispatch(&engine.batch, &mut engine.owed, n) {
+            engine.landing = Some((fd, vi));
+        }
+    }
+
+    /// Counts the coalesced buffers among the first `n` of `batch`.
+    fn count_coalesced(&self, batch: &Batch, n: usize) {
         let coalesced = batch.segments[..n].iter().zip(&batch.lens).filter(|(&s, &len)| s > 0 && len > s).count();
         if coalesced > 0 {
             self.gro_buffers.fetch_add(coalesced as u64, Ordering::Relaxed);
         }
-        self.dispatch(batch, owed, n);
+    }
+
+    /// The VI with id `id`, if it is still there.
+    fn vi(&self, id: u32) -> Option<Arc<Vi>> {
+        self.vis.read().get(&id).and_then(Weak::upgrade)
     }
 
     /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
-    /// together, so that one acknowledgement can answer several.
-    fn dispatch(&self, batch: &Batch, owed: &mut OwedAcks, n: usize) {
+    /// together, so that one acknowledgement can answer several.  Returns
+    /// the VI of the last large packet among them, if any.
+    fn dispatch(&self, batch: &Batch, owed: &mut OwedAcks, n: usize) -> Option<u32> {
         // Consecutive packets of one VI: on the stack for the usual few.
         let mut run: smallvec::SmallVec<[(Header, &[u8]); 4]> = smallvec::SmallVec::new();
         let mut run_vi = None;
+        let mut large = None;
         for datagram in batch.datagrams(n) {
             let Some(header) = self.parse(datagram) else { continue };
             if run_vi != Some(header.dst_vi) {
@@ -475,9 +555,13 @@ impl NetPort {
                 run.clear();
                 run_vi = Some(header.dst_vi);
             }
+            if datagram.len() > HEADER_LEN + self.segment {
+                large = Some(header.dst_vi);
+            }
             run.push((header, &datagram[HEADER_LEN..]));
         }
         self.deliver(run_vi, &run, owed, false);
+        large
     }
 
     /// Hands `packets` (that came in a frame if `frame`) to VI `vi`.
@@ -486,8 +570,7 @@ impl NetPort {
         if packets.is_empty() {
             return;
         }
-        let target = self.vis.read().get(&id).and_then(Weak::upgrade);
-        match target {
+        match self.vi(id) {
             Some(vi) => {
                 self.counters.add(Counter::PacketsReceived, packets.len() as u64);
                 if vi.net_input(packets, frame, owed.app_away) && !owed.vis.contains(&id) {
@@ -538,6 +621,7 @@ impl NetPort {
             gro: self.gro,
             gso_buffers: self.gso_buffers.load(Ordering::Relaxed),
             gro_buffers: self.gro_buffers.load(Ordering::Relaxed),
+            in_place: self.counters.get(Counter::PacketsInPlace),
         }
     }
 
@@ -607,6 +691,9 @@ struct Engine {
     /// VIs whose sessions hold back an acknowledgement until a poll finds
     /// the sockets empty.
     owed: OwedAcks,
+    /// The socket a large packet came from last, and the VI it was for:
+    /// the next datagram there probably continues that VI's message.
+    landing: Option<(RawFd, u32)>,
 }
 
 /// The VIs that owe an acknowledgement, sent once a poll finds the
@@ -648,6 +735,9 @@ pub struct Offload {
     pub gso_buffers: u64,
     /// Coalesced datagrams received (each of more than one packet).
     pub gro_buffers: u64,
+    /// Packets received with their payload straight in a posted receive
+    /// buffer (`NetPort::land`); counted only where the NIC has counters.
+    pub in_place: u64,
 }
 
 /// Hashes the VI ids of a port's table, which every packet looks up: a
@@ -787,6 +877,41 @@ impl Batch {
             self.segments[0] = segment;
             return true;
         }
+    }
+
+    /// Receives one datagram without blocking into the first buffer, but
+    /// with the bytes after its header at `place` (`room` bytes; the
+    /// buffer's bytes beside them take any more): a packet of that payload
+    /// arrives where it belongs.  False when there is none.
+    fn receive_beside(&mut self, fd: RawFd, place: *mut u8, room: usize) -> bool {
+        let buf = self.bufs[0].as_mut_ptr();
+        let rest = HEADER_LEN + room;
+        assert!(rest <= self.bufs[0].len(), "no room beside the place");
+        let mut iov = [
+            libc::iovec { iov_base: buf as *mut libc::c_void, iov_len: HEADER_LEN },
+            libc::iovec { iov_base: place as *mut libc::c_void, iov_len: room },
+            // SAFETY: `rest` is within the buffer, checked above.
+            libc::iovec { iov_base: unsafe { buf.add(rest) } as *mut libc::c_void, iov_len: self.bufs[0].len() - rest },
+        ];
+        self.reset_control();
+        let m = &mut self.msgs[0].msg_hdr;
+        let own = (m.msg_iov, m.msg_iovlen);
+        (m.msg_iov, m.msg_iovlen) = (iov.as_mut_ptr(), iov.len() as _);
+        let r = loop {
+            // SAFETY: the header points at the iovecs above, `place` has
+            // `room` bytes (the caller's), and the control space is ours.
+            let r = unsafe { libc::recvmsg(fd, m, libc::MSG_DONTWAIT) };
+            if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                break r;
+            }
+        };
+        (m.msg_iov, m.msg_iovlen) = own;
+        if r < 0 {
+            return false;
+        }
+        self.filled = 1;
+        self.settle(0, r as usize);
+        true
     }
 
     /// Whether buffer `i` suggests more datagrams are on their way: it
@@ -1295,8 +1420,14 @@ pub(crate) fn scatter(segs: &[via_core::descriptor::LocalSeg], mut offset: u64, 
             continue;
         }
         let n = ((len - offset) as usize).min(data.len() - done);
-        // SAFETY: receive buffers were validated against the registry when posted.
-        unsafe { std::ptr::copy_nonoverlapping(data[done..].as_ptr(), (s.addr + offset) as *mut u8, n) };
+        let (from, to) = (data[done..].as_ptr(), (s.addr + offset) as *mut u8);
+        // Bytes the kernel wrote in place (`NetPort::land`) are there
+        // already; others may come from another posted buffer, which an
+        // application may have let overlap this one.
+        if !std::ptr::eq(from, to) {
+            // SAFETY: receive buffers were validated against the registry when posted.
+            unsafe { std::ptr::copy(from, to, n) };
+        }
         done += n;
         offset = 0;
         if done == data.len() {
@@ -1557,6 +1688,46 @@ mod tests {
     /// `receive_one` reads no control message: it cuts a coalesced buffer
     /// at the length its first packet's header gives, and a lone packet
     /// stays whole.
+    #[test]
+    fn a_receive_beside_puts_the_bytes_after_the_header_in_place_and_the_rest_behind() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let mut batch = Batch::new(2, GRO_BUFFER, false);
+        let fd = rx.as_raw_fd();
+        let datagram = |len: usize| (0..len).map(|i| (i * 31 + i / 256) as u8).collect::<Vec<u8>>();
+        let mut place = vec![0u8; 6000];
+        assert!(!batch.receive_beside(fd, place.as_mut_ptr(), place.len()), "nothing sent yet");
+        // Room for the whole payload: it is all in place, nothing after it is touched.
+        let d = datagram(HEADER_LEN + 5000);
+        tx.send_to(&d, rx.local_addr().unwrap()).unwrap();
+        assert!(batch.receive_beside(fd, place.as_mut_ptr(), place.len()));
+        assert_eq!(batch.lens[0], d.len());
+        assert_eq!(batch.bufs[0][..HEADER_LEN], d[..HEADER_LEN]);
+        assert_eq!(place[..5000], d[HEADER_LEN..]);
+        assert!(place[5000..].iter().all(|&b| b == 0));
+        // Less room: the rest follows in the buffer, where it would have been.
+        let d = datagram(HEADER_LEN + 5000);
+        let mut short = vec![0u8; 3000];
+        tx.send_to(&d, rx.local_addr().unwrap()).unwrap();
+        assert!(batch.receive_beside(fd, short.as_mut_ptr(), short.len()));
+        assert_eq!(batch.lens[0], d.len());
+        assert_eq!(batch.bufs[0][..HEADER_LEN], d[..HEADER_LEN]);
+        assert_eq!(short[..], d[HEADER_LEN..HEADER_LEN + 3000]);
+        assert_eq!(batch.bufs[0][HEADER_LEN + 3000..d.len()], d[HEADER_LEN + 3000..]);
+        // Shorter than a header: all of it in the buffer, nothing in place.
+        let mut untouched = vec![0u8; 100];
+        tx.send_to(&d[..20], rx.local_addr().unwrap()).unwrap();
+        assert!(batch.receive_beside(fd, untouched.as_mut_ptr(), untouched.len()));
+        assert_eq!(batch.lens[0], 20);
+        assert_eq!(batch.bufs[0][..20], d[..20]);
+        assert!(untouched.iter().all(|&b| b == 0));
+        // The batch's own receives still land in its buffers afterwards.
+        tx.send_to(&d, rx.local_addr().unwrap()).unwrap();
+        assert_eq!(batch.receive(fd), Some(1));
+        assert_eq!(batch.bufs[0][..d.len()], d[..]);
+    }
+
     #[test]
     fn a_single_receive_cuts_a_coalesced_buffer_by_its_first_header() {
         let packet = |fill: u8, len: usize| {

@@ -6,11 +6,11 @@ use crate::counters::{Counter, StageTimer};
 use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink};
 use crate::nic::error_code;
 use crate::progress;
-use crate::vi::{reliable, Break, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
+use crate::vi::{reliable, Break, Inbound, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use via_core::consts::*;
-use via_core::descriptor::{validate, DescPtr, Op, Rules, Segs};
+use via_core::descriptor::{validate, DescPtr, LocalSeg, Op, Rules, Segs};
 use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_reliable::{BreakReason, MsgKind, OutMessage, Segment, SendError};
 
@@ -157,6 +157,27 @@ impl Vi {
         owed
     }
 
+    /// Calls `receive` with the place in the posted receive's buffer
+    /// where the message being received continues, at most `max` bytes,
+    /// so that the kernel can write the next packet's payload where it
+    /// belongs rather than into a buffer to copy it from.  `None`, without
+    /// calling it, when no message is under way or nothing of it is left.
+    ///
+    /// Whatever the kernel writes there, a packet of another message or a
+    /// damaged one, is safe: the receive queue stays locked while `receive`
+    /// runs, so the descriptor can neither complete nor be flushed, and
+    /// only bytes past those placed are offered, which the message's own
+    /// bytes overwrite before it completes (the session delivers them in
+    /// order).
+    pub(crate) fn receive_in_place<R>(&self, max: usize, receive: impl FnOnce(*mut u8, usize) -> R) -> Option<R> {
+        let r = self.recv.lock();
+        let inbound = r.inbound?;
+        let item = r.items.get(r.done).filter(|i| !i.done && i.error == 0)?;
+        let left = inbound.total.saturating_sub(inbound.placed) as usize;
+        let (place, len) = continuation(&item.segs, inbound.placed, max.min(left))?;
+        Some(receive(place, len))
+    }
+
     /// Sends the acknowledgement `net_input` held back, if no packet has
     /// carried it since; with `app_away`, also one still within its delay.
     pub(crate) fn send_owed_ack(&self, app_away: bool) {
@@ -281,7 +302,9 @@ impl Vi {
                                 continue;
                             }
                             // SAFETY: checked against this process's registry just now.
-                            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), at as *mut u8, data.len()) };
+                            // The bytes may lie in a posted receive buffer (`NetPort::land`),
+                            // which the application may have let overlap the target.
+                            unsafe { std::ptr::copy(data.as_ptr(), at as *mut u8, data.len()) };
                             if last {
                                 f.replies.push((
                                     MsgKind::RdmaReadResponse { request: msg, status: 0 },
@@ -450,12 +473,11 @@ impl Vi {
                     }
                     return;
                 }
-                Some(_) => r.inbound = Some(msg),
+                Some(_) => r.inbound = Some(Inbound { msg, total, placed: 0 }),
             }
         }
-        if r.inbound != Some(msg) {
-            return;
-        }
+        let Some(inbound) = r.inbound.as_mut().filter(|i| i.msg == msg) else { return };
+        inbound.placed = offset.saturating_add(data.len() as u32);
         let index = r.done;
         let item = &mut r.items[index];
         scatter(&item.segs, offset as u64, data);
@@ -476,6 +498,22 @@ impl Vi {
     }
 }
 
+/// The place in the buffers `segs` where byte `offset` of a message lies,
+/// as long as the bytes from there stay in one segment, at most `max`:
+/// its address and length, or `None` for none.
+fn continuation(segs: &[LocalSeg], offset: u32, max: usize) -> Option<(*mut u8, usize)> {
+    let mut offset = offset as u64;
+    for s in segs {
+        let len = s.len as u64;
+        if offset < len {
+            let n = ((len - offset) as usize).min(max);
+            return (n > 0).then_some(((s.addr + offset) as *mut u8, n));
+        }
+        offset -= len;
+    }
+    None
+}
+
 /// A message arrived for a reliable VI with no receive posted.
 fn no_receive() -> Break {
     Break { mine: error_code::RECVQ_EMPTY, theirs: error_code::CONN_LOST }
@@ -484,4 +522,23 @@ fn no_receive() -> Break {
 /// Checks an incoming RDMA access against this process's registry.
 fn local_allows(rules: &Rules, handle: u32, addr: u64, len: u64, flag: u32) -> bool {
     matches!(rules.registry.lookup(handle), Some(r) if r.ptag == rules.ptag && r.flags & flag != 0 && r.contains(addr, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_continuation_stays_in_one_segment_and_within_the_message() {
+        let segs = [LocalSeg { addr: 0x1000, len: 100 }, LocalSeg { addr: 0x9000, len: 50 }];
+        assert_eq!(continuation(&segs, 0, 1000), Some((0x1000 as *mut u8, 100)));
+        assert_eq!(continuation(&segs, 40, 1000), Some((0x1028 as *mut u8, 60)));
+        assert_eq!(continuation(&segs, 100, 1000), Some((0x9000 as *mut u8, 50)));
+        assert_eq!(continuation(&segs, 120, 10), Some((0x9014 as *mut u8, 10)));
+        // Past the buffers, or nothing left of the message: nowhere.
+        assert_eq!(continuation(&segs, 150, 1000), None);
+        assert_eq!(continuation(&segs, u32::MAX, 1000), None);
+        assert_eq!(continuation(&segs, 10, 0), None);
+        assert_eq!(continuation(&[], 0, 1000), None);
+    }
 }

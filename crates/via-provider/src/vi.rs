@@ -76,11 +76,22 @@ pub(crate) struct RecvQueue {
     pub cq_seen: usize,
     pub seg: Option<Arc<ConnSegment>>,
     /// Network: the message being placed into the first pending item.
-    pub inbound: Option<u32>,
+    pub inbound: Option<Inbound>,
     /// Network: a message being dropped (no receive, or an error).
     pub dropping: Option<u32>,
     /// Messages and bytes received.
     pub tally: CounterRow,
+}
+
+/// A message being placed into a receive descriptor over the network.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Inbound {
+    /// The sender's message number.
+    pub msg: u32,
+    /// The message's length.
+    pub total: u32,
+    /// Bytes placed so far: the session delivers a message's bytes in order.
+    pub placed: u32,
 }
 
 pub(crate) struct SendItem {
