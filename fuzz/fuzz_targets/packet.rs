@@ -1,5 +1,6 @@
-//! Packet parsing: `Packet::new_checked` + `Header::parse` never panic, and
-//! whatever they accept re-encodes to the same bytes.
+//! Packet parsing: `Packet::new_checked` + `Header::parse` never panic,
+//! whatever they accept re-encodes to the same bytes, and a packet received
+//! in two places (`Header::parse_split`) is judged as the same bytes whole.
 
 #![no_main]
 
@@ -9,9 +10,13 @@ use via_wire::{encode, finish, Header, Packet, HEADER_LEN};
 fn check(bytes: &[u8]) {
     // Accessors on an unchecked view of any length must not panic either.
     let _ = Header::parse(&Packet::new_unchecked(bytes));
-    if let Ok(p) = Packet::new_checked(bytes) {
-        let h = Header::parse(&p).expect("a checked packet parses");
-        assert_eq!(encode(&h, p.payload()), bytes, "re-emitted packet differs");
+    let whole = Packet::new_checked(bytes).and_then(|p| Header::parse(&p));
+    if let Ok(h) = &whole {
+        assert_eq!(encode(h, &bytes[HEADER_LEN..]), bytes, "re-emitted packet differs");
+    }
+    if bytes.len() >= HEADER_LEN {
+        let (head, payload) = bytes.split_at(HEADER_LEN);
+        assert_eq!(Header::parse_split(head, payload), whole, "split and whole disagree");
     }
 }
 

@@ -412,8 +412,9 @@ impl NetPort {
     fn drain(&self, engine: &mut Engine, fd: RawFd) -> bool {
         let mut any = false;
         loop {
-            if let Some(vi) = engine.landing.filter(|&(at, _)| at == fd).and_then(|(_, vi)| self.vi(vi)) {
-                match self.land(engine, fd, &vi) {
+            let landing = engine.landing.filter(|&(at, _)| at == fd).map(|(_, id)| id);
+            if let Some((id, vi)) = landing.and_then(|id| Some((id, self.vi(id)?))) {
+                match self.land(engine, fd, id, &vi) {
                     Some(true) => {
                         any = true;
                         continue;
@@ -443,12 +444,13 @@ impl NetPort {
         }
     }
 
-    /// Receives one datagram from `fd` with its payload placed where `vi`'s
-    /// message continues (`Vi::receive_in_place`), and hands it on: in
-    /// place if it is that packet and intact, else put together behind its
+    /// Receives one datagram from `fd` with its payload placed where the
+    /// message of `vi` (whose id is `id`) continues
+    /// (`Vi::receive_in_place`), and hands it on: in place if it is a
+    /// whole packet for `vi` and intact, else put together behind its
     /// header as any other datagram.  `Some(false)` when the socket is
     /// empty, `None` when `vi` has no message under way.
-    fn land(&self, engine: &mut Engine, fd: RawFd, vi: &Vi) -> Option<bool> {
+    fn land(&self, engine: &mut Engine, fd: RawFd, id: u32, vi: &Vi) -> Option<bool> {
         let batch = &mut engine.batch;
         let max = self.large_payload.min(batch.bufs[0].len() - HEADER_LEN);
         let (got, place, room) =
@@ -458,7 +460,11 @@ impl NetPort {
         }
         let len = batch.lens[0];
         let payload_len = len.saturating_sub(HEADER_LEN);
-        if len > HEADER_LEN && payload_len <= room && first_packet_len(&batch.bufs[0][..len.min(HEADER_LEN)]) == len {
+        // Only a packet for `vi` stays where it landed: another VI's
+        // application could take the buffer back while that VI copies from it.
+        let whole = len > HEADER_LEN && first_packet_len(&batch.bufs[0][..HEADER_LEN.min(len)]) == len;
+        let for_vi = len >= HEADER_LEN && Packet::new_unchecked(&batch.bufs[0][..HEADER_LEN]).dst_vi() == id;
+        if whole && for_vi && payload_len <= room {
             self.count_coalesced(batch, 1);
             // SAFETY: the kernel wrote `payload_len` bytes at `place`, which
             // stays a posted receive's buffer until the VI places this
