@@ -382,7 +382,8 @@ impl NetPort {
         let peers_read = engine.schedule.peers_due(self.ether.is_some(), everything);
         let mut udp = false;
         if peers_read {
-            for fd in engine.peers.iter().map(|s| s.fd()).collect::<smallvec::SmallVec<[RawFd; 4]>>() {
+            for i in 0..engine.peers.len() {
+                let fd = engine.peers[i].fd();
                 udp |= self.drain(engine, fd);
             }
         }
