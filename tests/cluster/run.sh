@@ -388,6 +388,21 @@ case_payload_crc() {
     return "$ok"
 }
 
+# ingress_drop HOST TABLE MATCH...: an nftables table TABLE at the ingress
+# of HOST's interface that counts and drops what MATCH matches.
+ingress_drop() {
+    local host=$1 table=$2
+    shift 2
+    on "$host" 10 nft add table netdev "$table" &&
+        on "$host" 10 nft add chain netdev "$table" in "{ type filter hook ingress device eth0 priority 0; }" &&
+        on "$host" 10 nft add rule netdev "$table" in "$@" counter drop
+}
+
+# ingress_dropped HOST TABLE: how many packets ingress_drop's rule dropped.
+ingress_dropped() {
+    on "$1" 10 nft list table netdev "$2" | sed -n 's/.*counter packets \([0-9]*\).*/\1/p'
+}
+
 # frames_field LOG FIELD: FIELD (sent, heard) of the frames a link sent
 # and took as Ethernet frames (the last "network VI ..." line in LOG).
 frames_field() {
@@ -431,14 +446,12 @@ case_ethernet() {
 case_frame_loss() {
     command -v nft >/dev/null 2>&1 || { echo "no nft (nftables) to drop frames with"; return 77; }
     up 2 || return 1
-    on 2 10 nft add table netdev frame_loss || return 1
-    on 2 10 nft add chain netdev frame_loss in "{ type filter hook ingress device eth0 priority 0; }" || return 1
-    on 2 10 nft add rule netdev frame_loss in ether type 0x88b5 counter drop || return 1
+    ingress_drop 2 frame_loss ether type 0x88b5 || return 1
     base=$logs/$tc
     pair pingpong "$base" 60 env VIA_LOG=via_provider=info "$out/pingpong" server \
         -- env VIA_LOG=via_provider=info "$out/pingpong" client h1 || return 1
     ok=0
-    dropped=$(on 2 10 nft list table netdev frame_loss | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
+    dropped=$(ingress_dropped 2 frame_loss)
     echo "frames dropped at h2: ${dropped:-?}"
     [ "${dropped:-0}" -ge 3 ] || { echo "h2 dropped fewer than three frames"; ok=1; }
     grep -q 'frames lost in a row' "$base.h1" || { echo "h1 did not give frames up"; ok=1; }
@@ -462,13 +475,10 @@ case_frame_loss() {
 case_packet_loss() {
     command -v nft >/dev/null 2>&1 || { echo "no nft (nftables) to drop packets with"; return 77; }
     up 2 || return 1
-    on 1 10 nft add table netdev packet_loss || return 1
-    on 1 10 nft add chain netdev packet_loss in "{ type filter hook ingress device eth0 priority 0; }" || return 1
-    on 1 10 nft add rule netdev packet_loss in ip protocol udp ip length \> 1000 \
-        numgen random mod 25 == 0 counter drop || return 1
+    ingress_drop 1 packet_loss ip protocol udp ip length \> 1000 numgen random mod 25 == 0 || return 1
     stream_pair "$logs/$tc" "VIA_LOG=via_provider=info" || return 1
     ok=0
-    dropped=$(on 1 10 nft list table netdev packet_loss | sed -n 's/.*counter packets \([0-9]*\).*/\1/p')
+    dropped=$(ingress_dropped 1 packet_loss)
     resent=$(grep 'network VI' "$logs/$tc.h2" | sed -n 's/.*retransmits: \([0-9]*\).*/\1/p' | tail -n 1)
     placed=$(offload_field "$logs/$tc.h1" in_place)
     echo "dropped at h1: ${dropped:-?}; sent again by h2: ${resent:-?}; received in place at h1: ${placed:-?}"

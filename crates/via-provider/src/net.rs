@@ -413,9 +413,11 @@ impl NetPort {
     fn drain(&self, engine: &mut Engine, fd: RawFd) -> bool {
         let mut any = false;
         loop {
-            let landing = engine.landing.filter(|&(at, _)| at == fd).map(|(_, id)| id);
-            if let Some((id, vi)) = landing.and_then(|id| Some((id, self.vi(id)?))) {
-                match self.land(engine, fd, id, &vi) {
+            // The VI through its own reference: no lookup in the port's
+            // table, shared by all its VIs, on each poll.
+            let target = engine.landing.as_ref().filter(|l| l.fd == fd).map(|l| (l.id, l.vi.upgrade()));
+            if let Some((id, vi)) = target {
+                match vi.and_then(|vi| self.land(engine, fd, id, &vi)) {
                     Some(true) => {
                         any = true;
                         continue;
@@ -431,7 +433,7 @@ impl NetPort {
             if !engine.batch.more_likely(0, HEADER_LEN + self.segment) {
                 return true;
             }
-            if engine.landing.is_some_and(|(at, _)| at == fd) {
+            if engine.landing.as_ref().is_some_and(|l| l.fd == fd) {
                 any = true;
                 continue;
             }
@@ -474,9 +476,6 @@ impl NetPort {
             match Header::parse_split(&batch.bufs[0][..HEADER_LEN], payload) {
                 Ok(header) => {
                     self.counters.add(Counter::PacketsInPlace, 1);
-                    if payload_len > self.segment {
-                        engine.landing = Some((fd, header.dst_vi));
-                    }
                     self.deliver(Some(header.dst_vi), &[(header, payload)], &mut engine.owed, false);
                 }
                 Err(e) => {
@@ -529,8 +528,10 @@ impl NetPort {
     /// VIs, and notes a large packet's VI for the next receive (`land`).
     fn received(&self, engine: &mut Engine, fd: RawFd, n: usize) {
         self.count_coalesced(&engine.batch, n);
-        if let Some(vi) = self.dispatch(&engine.batch, &mut engine.owed, n) {
-            engine.landing = Some((fd, vi));
+        if let Some(id) = self.dispatch(&engine.batch, &mut engine.owed, n) {
+            if !engine.landing.as_ref().is_some_and(|l| l.fd == fd && l.id == id) {
+                engine.landing = self.vis.read().get(&id).map(|vi| Landing { fd, id, vi: vi.clone() });
+            }
         }
     }
 
@@ -540,11 +541,6 @@ impl NetPort {
         if coalesced > 0 {
             self.gro_buffers.fetch_add(coalesced as u64, Ordering::Relaxed);
         }
-    }
-
-    /// The VI with id `id`, if it is still there.
-    fn vi(&self, id: u32) -> Option<Arc<Vi>> {
-        self.vis.read().get(&id).and_then(Weak::upgrade)
     }
 
     /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
@@ -577,7 +573,8 @@ impl NetPort {
         if packets.is_empty() {
             return;
         }
-        match self.vi(id) {
+        let target = self.vis.read().get(&id).and_then(Weak::upgrade);
+        match target {
             Some(vi) => {
                 self.counters.add(Counter::PacketsReceived, packets.len() as u64);
                 if vi.net_input(packets, frame, owed.app_away) && !owed.vis.contains(&id) {
@@ -698,9 +695,15 @@ struct Engine {
     /// VIs whose sessions hold back an acknowledgement until a poll finds
     /// the sockets empty.
     owed: OwedAcks,
-    /// The socket a large packet came from last, and the VI it was for:
-    /// the next datagram there probably continues that VI's message.
-    landing: Option<(RawFd, u32)>,
+    /// Where the next datagram probably continues a VI's message.
+    landing: Option<Landing>,
+}
+
+/// The socket a large packet came from last, and the VI (`id`) it was for.
+struct Landing {
+    fd: RawFd,
+    id: u32,
+    vi: Weak<Vi>,
 }
 
 /// The VIs that owe an acknowledgement, sent once a poll finds the
