@@ -4,7 +4,8 @@
 //! SSE 4.2 `crc32` instruction, on three interleaved streams, when the CPU
 //! has it.  Long inputs go to carry-less multiplication folding when the
 //! CPU has VPCLMULQDQ and AVX-512 (256 bytes a step in four 512-bit
-//! registers) or PCLMULQDQ (64 bytes a step in four 128-bit registers),
+//! registers), VPCLMULQDQ and AVX2 (256 bytes in eight 256-bit registers)
+//! or PCLMULQDQ (64 bytes a step in four 128-bit registers),
 //! with the three `crc32` streams running on a 192-byte block beside each
 //! step; the CPU's features are looked up at run time.
 
@@ -61,7 +62,7 @@ pub fn crc32c(data: &[u8]) -> u32 {
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if data.len() >= fold::MIN_LEN_512.min(fold::MIN_LEN_128) {
+        if data.len() >= fold::MIN_LEN_512.min(fold::MIN_LEN_256).min(fold::MIN_LEN_128) {
             return long_append(crc, data);
         }
         if std::arch::is_x86_feature_detected!("sse4.2") {
@@ -83,13 +84,16 @@ fn long_append(crc: u32, data: &[u8]) -> u32 {
     static PATH: AtomicU8 = AtomicU8::new(UNKNOWN);
     const UNKNOWN: u8 = 0;
     const FOLD_512: u8 = 1;
-    const FOLD_128: u8 = 2;
-    const CRC32: u8 = 3;
-    const SOFTWARE: u8 = 4;
+    const FOLD_256: u8 = 2;
+    const FOLD_128: u8 = 3;
+    const CRC32: u8 = 4;
+    const SOFTWARE: u8 = 5;
     let mut path = PATH.load(Relaxed);
     if path == UNKNOWN {
         path = if fold::has_512() {
             FOLD_512
+        } else if fold::has_256() {
+            FOLD_256
         } else if fold::has_128() {
             FOLD_128
         } else if std::arch::is_x86_feature_detected!("sse4.2") {
@@ -102,10 +106,12 @@ fn long_append(crc: u32, data: &[u8]) -> u32 {
     match path {
         // SAFETY: the CPU has what the 512-bit path needs, as `fold::has_512` found.
         FOLD_512 if data.len() >= fold::MIN_LEN_512 => unsafe { fold::append_512(crc, data) },
+        // SAFETY: the CPU has what the 256-bit path needs, as `fold::has_256` found.
+        FOLD_256 if data.len() >= fold::MIN_LEN_256 => unsafe { fold::append_256(crc, data) },
         // SAFETY: the CPU has PCLMULQDQ and SSE 4.2, as `fold::has_128` found.
         FOLD_128 if data.len() >= fold::MIN_LEN_128 => unsafe { fold::append_128(crc, data) },
         // SAFETY: every path but the software one has SSE 4.2.
-        FOLD_512 | FOLD_128 | CRC32 => unsafe { hw::append(crc, data) },
+        FOLD_512 | FOLD_256 | FOLD_128 | CRC32 => unsafe { hw::append(crc, data) },
         _ => software_append(crc, data),
     }
 }
@@ -366,6 +372,10 @@ mod fold {
     /// whose multiplier and `crc32` unit issue on separate ports, where it
     /// has not been measured; from 1024 bytes it risks least.
     pub(super) const MIN_LEN_128: usize = 1024;
+    /// The same for the 256-bit path: one step.  On a Zen 3 (AMD EPYC,
+    /// independent calls back to back) it is as fast as the `crc32` path at
+    /// 448 and 640 bytes and faster from there on (1024: 56 against 60 ns).
+    pub(super) const MIN_LEN_256: usize = STEP_256;
 
     /// The register of x^n modulo the polynomial.
     const fn x_pow(n: u32) -> u32 {
@@ -391,6 +401,8 @@ mod fold {
     const STEP_128: usize = STREAMS + 64;
     /// A step of [`raw_512`]: a stream block and four 64-byte registers.
     const STEP_512: usize = STREAMS + 256;
+    /// A step of [`raw_256`]: a stream block and eight 32-byte registers.
+    const STEP_256: usize = STREAMS + 256;
 
     const K16: [u64; 2] = keys(16);
     const K32: [u64; 2] = keys(32);
@@ -398,10 +410,14 @@ mod fold {
     const K64: [u64; 2] = keys(64);
     const K128: [u64; 2] = keys(128);
     const K192: [u64; 2] = keys(192);
+    const K96: [u64; 2] = keys(96);
+    const K160: [u64; 2] = keys(160);
+    const K224: [u64; 2] = keys(224);
     const K256: [u64; 2] = keys(256);
     const K_STREAMS: [u64; 2] = keys(STREAMS);
     const K_STEP_128: [u64; 2] = keys(STEP_128);
     const K_STEP_512: [u64; 2] = keys(STEP_512);
+    const K_STEP_256: [u64; 2] = keys(STEP_256);
 
     /// `k` as a lane: the low multiplier in the low half.
     #[target_feature(enable = "sse2")]
@@ -605,6 +621,97 @@ mod fold {
         finish(_mm_xor_si128(acc, _mm512_extracti32x4_epi32(y, 3)), rest)
     }
 
+    #[target_feature(enable = "avx")]
+    #[inline]
+    fn load32(b: &[u8; 32]) -> __m256i {
+        // SAFETY: `b` is 32 readable bytes and the load is unaligned.
+        unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
+    }
+
+    /// `k` in both lanes.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn lanes2(k: [u64; 2]) -> __m256i {
+        _mm256_broadcastsi128_si256(lane(k))
+    }
+
+    /// The two lanes of `x` each moved on by the distance of `k`, XORed
+    /// with `next`.
+    #[target_feature(enable = "avx2,vpclmulqdq")]
+    #[inline]
+    fn fold32(x: __m256i, k: __m256i, next: __m256i) -> __m256i {
+        let lo = _mm256_clmulepi64_epi128(x, k, 0x00);
+        let hi = _mm256_clmulepi64_epi128(x, k, 0x11);
+        _mm256_xor_si256(_mm256_xor_si256(lo, hi), next)
+    }
+
+    /// A step's eight 32-byte registers, the stream block's register in
+    /// the first.
+    #[target_feature(enable = "sse4.2,avx2")]
+    #[inline]
+    fn step_256(step: &[u8; STEP_256]) -> [__m256i; 8] {
+        let (streams, blocks) = step.split_at(STREAMS);
+        let (streams, _) = streams.as_chunks::<STREAMS>();
+        let (b, _) = blocks.as_chunks::<32>();
+        let r = _mm256_zextsi128_si256(reg(hw::short_block(&streams[0])));
+        let mut x: [__m256i; 8] = std::array::from_fn(|i| load32(&b[i]));
+        x[0] = _mm256_xor_si256(x[0], r);
+        x
+    }
+
+    /// Extends the raw register `c` with `data`, 448 bytes a step: 192 on
+    /// the `crc32` streams, 256 folded in eight 256-bit registers.  For
+    /// CPUs with VPCLMULQDQ but not AVX-512 (AMD's Zen 3; Intel's cores
+    /// since Alder Lake).  On a Zen 3 the `crc32` streams and the
+    /// multiplications share execution units: 64 KiB take about 2760 ns on
+    /// the streams alone, 2540 ns folding alone, 1970 ns both ways at once
+    /// and 3280 ns on the 128-bit path.
+    #[target_feature(enable = "sse4.2,pclmulqdq,avx2,vpclmulqdq")]
+    fn raw_256(c: u32, data: &[u8]) -> u32 {
+        let (steps, rest) = data.as_chunks::<STEP_256>();
+        let Some((first, more)) = steps.split_first() else {
+            return hw::raw(c, data);
+        };
+        let mut x = step_256(first);
+        x[0] = _mm256_xor_si256(x[0], _mm256_zextsi128_si256(start(c)));
+        let k = lanes2(K_STEP_256);
+        for step in more {
+            for (x, next) in x.iter_mut().zip(step_256(step)) {
+                *x = fold32(*x, k, next);
+            }
+        }
+        // The first seven registers move on to the last one's place.
+        let zero = _mm256_setzero_si256();
+        let mut y = x[7];
+        for (x, k) in x.iter().zip([K224, K192, K160, K128, K96, K64, K32]) {
+            y = _mm256_xor_si256(y, fold32(*x, lanes2(k), zero));
+        }
+        let (blocks, rest) = rest.as_chunks::<32>();
+        let k = lanes2(K32);
+        for b in blocks {
+            y = fold32(y, k, load32(b));
+        }
+        let acc = fold16(_mm256_castsi256_si128(y), lane(K16), _mm256_extracti128_si256(y, 1));
+        finish(acc, rest)
+    }
+
+    /// Whether the CPU has what [`append_256`] needs.
+    pub(super) fn has_256() -> bool {
+        std::arch::is_x86_feature_detected!("vpclmulqdq")
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+            && std::arch::is_x86_feature_detected!("sse4.2")
+    }
+
+    /// [`super::crc32c_append`] by 256-bit folding, for any length.
+    ///
+    /// # Safety
+    /// The CPU must support what [`has_256`] checks.
+    #[target_feature(enable = "sse4.2,pclmulqdq,avx2,vpclmulqdq")]
+    pub(super) unsafe fn append_256(crc: u32, data: &[u8]) -> u32 {
+        !raw_256(!crc, data)
+    }
+
     /// Whether the CPU has what [`append_512`] needs.
     pub(super) fn has_512() -> bool {
         std::arch::is_x86_feature_detected!("vpclmulqdq")
@@ -670,6 +777,10 @@ mod fold {
                 (STREAMS, K_STREAMS),
                 (STEP_128, K_STEP_128),
                 (STEP_512, K_STEP_512),
+                (STEP_256, K_STEP_256),
+                (96, K96),
+                (160, K160),
+                (224, K224),
             ];
             let mut x = 0x2545_F491_4F6C_DD1Du64;
             for (bytes, k) in all {
@@ -729,6 +840,12 @@ mod tests {
                 paths.push(("pclmulqdq", |c, d| unsafe { fold::append_128(c, d) }));
             } else {
                 eprintln!("no PCLMULQDQ: the 128-bit folding path is not tested");
+            }
+            if fold::has_256() {
+                // SAFETY: listed only when the CPU has what the path needs.
+                paths.push(("vpclmulqdq 256", |c, d| unsafe { fold::append_256(c, d) }));
+            } else {
+                eprintln!("no VPCLMULQDQ and AVX2: the 256-bit folding path is not tested");
             }
             if fold::has_512() {
                 // SAFETY: listed only when the CPU has what the path needs.
