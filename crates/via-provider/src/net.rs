@@ -1695,9 +1695,8 @@ mod tests {
         assert_eq!(pieces, vec![1472 * 2, 1472, 900]);
     }
 
-    /// `receive_one` reads no control message: it cuts a coalesced buffer
-    /// at the length its first packet's header gives, and a lone packet
-    /// stays whole.
+    /// `receive_beside` puts the bytes after a datagram's header at the
+    /// place it is given and only there, however much room that has.
     #[test]
     fn a_receive_beside_puts_the_bytes_after_the_header_in_place_and_the_rest_behind() {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -1738,6 +1737,9 @@ mod tests {
         assert_eq!(batch.bufs[0][..d.len()], d[..]);
     }
 
+    /// `receive_one` reads no control message: it cuts a coalesced buffer
+    /// at the length its first packet's header gives, and a lone packet
+    /// stays whole.
     #[test]
     fn a_single_receive_cuts_a_coalesced_buffer_by_its_first_header() {
         let packet = |fill: u8, len: usize| {

@@ -408,10 +408,10 @@ mod fold {
     const K32: [u64; 2] = keys(32);
     const K48: [u64; 2] = keys(48);
     const K64: [u64; 2] = keys(64);
-    const K128: [u64; 2] = keys(128);
-    const K192: [u64; 2] = keys(192);
     const K96: [u64; 2] = keys(96);
+    const K128: [u64; 2] = keys(128);
     const K160: [u64; 2] = keys(160);
+    const K192: [u64; 2] = keys(192);
     const K224: [u64; 2] = keys(224);
     const K256: [u64; 2] = keys(256);
     const K_STREAMS: [u64; 2] = keys(STREAMS);
