@@ -18,6 +18,7 @@ pub mod handles;
 pub mod names;
 mod neighbours;
 pub mod net;
+mod net_batch;
 mod net_path;
 mod net_send;
 pub mod nic;

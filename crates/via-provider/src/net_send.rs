@@ -565,7 +565,7 @@ mod tests {
         crate::peer_socket::set_option_to(
             std::os::fd::AsRawFd::as_raw_fd(&rx),
             libc::SOL_UDP,
-            crate::net::UDP_GRO,
+            crate::net_batch::UDP_GRO,
             &1i32,
         )
         .unwrap();
