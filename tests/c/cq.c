@@ -337,15 +337,18 @@ static void send_completed(side_t *s, int wait)
     s->count[i]--;
 }
 
-/* How many mappings of this process name `what`. */
-static int mappings_of(const char *what)
+/* How many mappings of this process name `what` with permissions `perms`
+ * ("rw-s": read-write and shared). */
+static int mappings_of(const char *what, const char *perms)
 {
     FILE *maps = fopen("/proc/self/maps", "r");
     CHECK(maps != NULL);
     char line[512];
     int n = 0;
-    while (fgets(line, sizeof line, maps))
-        n += strstr(line, what) != NULL;
+    while (fgets(line, sizeof line, maps)) {
+        const char *p = strchr(line, ' ');
+        n += strstr(line, what) != NULL && p != NULL && strncmp(p + 1, perms, 4) == 0;
+    }
     fclose(maps);
     return n;
 }
@@ -366,8 +369,10 @@ static void client(side_t *s, int fd)
     vt_disc(disc, sizeof disc, "cq-x");
     vt_connect(s->nic, s->x, disc);
     /* The server's CQ inboxes are mapped once for all 129 connections,
-     * next to this NIC's own. */
-    CHECK_EQ(2, mappings_of("memfd:openvia-inbox"));
+     * next to this NIC's own; the memory registry the server publishes
+     * after them, read-only. */
+    CHECK_EQ(2, mappings_of("memfd:openvia-inbox", "rw-s"));
+    CHECK_EQ(1, mappings_of("memfd:openvia-inbox", "r--s"));
 
     uint32_t rng = 12345;
     VIP_VI_HANDLE vi;

@@ -1,10 +1,12 @@
 //! The memory registry: handle -> (address, length, protection tag, RDMA enables).
 //!
-//! Regions live in a fixed table whose slots never move, so that a peer
-//! process can read a slot of it (by cross-memory attach) to check an RDMA
-//! request against this process's registrations.  A handle is 16 bits of
-//! slot index and 16 bits of generation: a stale or forged handle finds a
-//! slot whose generation differs and is refused.  Lookups are lock-free.
+//! Regions live in a fixed table whose slots never move.  The provider
+//! keeps the table in memory it shares read-only with the processes this
+//! one is connected to on the host, so that a peer checks an RDMA request
+//! against this process's registrations with a few loads
+//! ([`PublishedTable`]).  A handle is 16 bits of slot index and 16 bits of
+//! generation: a stale or forged handle finds a slot whose generation
+//! differs and is refused.  Lookups are lock-free.
 
 use crate::consts::limits;
 use crate::error::{ViaError, ViaResult};
@@ -15,10 +17,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const REGION_RDMA_WRITE: u32 = 1;
 /// Region flag: RDMA read from the region is allowed.
 pub const REGION_RDMA_READ: u32 = 2;
-/// Size in bytes of one slot of the table, as a peer reads it.
-pub const REGION_SLOT_BYTES: usize = 32;
 
 const SLOTS: usize = limits::MAX_REGISTER_REGIONS + 1; // slot 0 is never used
+/// Bytes of a registry's table, as [`Registry::in_table`] takes it.
+pub const TABLE_BYTES: usize = SLOTS * std::mem::size_of::<Slot>();
 
 /// One slot of the table, laid out for readers in other processes.
 #[repr(C)]
@@ -47,34 +49,36 @@ pub struct Region {
 impl Region {
     /// True when `[addr, addr + len)` lies inside the region.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
-        match addr.checked_add(len) {
-            Some(end) => addr >= self.addr && end <= self.addr + self.len,
-            None => false,
+        match (addr.checked_add(len), self.addr.checked_add(self.len)) {
+            (Some(end), Some(region_end)) => addr >= self.addr && end <= region_end,
+            _ => false,
         }
-    }
-
-    /// Decodes a slot read from another process and checks it against the
-    /// handle that named it.  Untrusted bytes: any inconsistency is `None`.
-    pub fn from_remote_slot(bytes: &[u8; REGION_SLOT_BYTES], handle: u32) -> Option<Region> {
-        let word = |i: usize| u32::from_ne_bytes(bytes[i..i + 4].try_into().unwrap());
-        let dword = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().unwrap());
-        let generation = word(0);
-        if generation == 0 || generation != handle >> 16 {
-            return None;
-        }
-        let region = Region { ptag: word(4), flags: word(8), addr: dword(16), len: dword(24) };
-        region.addr.checked_add(region.len)?;
-        Some(region)
     }
 }
 
-/// Where a peer finds the slot of `handle` in this process, given the table base.
-pub fn slot_address(table: u64, handle: u32) -> Option<u64> {
-    let index = (handle & 0xFFFF) as u64;
-    if index == 0 {
+/// The slot index of `handle`, or `None` for the never-used slot 0.
+fn index_of(handle: u32) -> Option<usize> {
+    let index = (handle & 0xFFFF) as usize;
+    (index != 0 && handle >> 16 != 0).then_some(index)
+}
+
+/// The region in `slot` if it is still the one `handle` names.  The slot
+/// may be rewritten meanwhile (by this process, or by the table's owner for
+/// a [`PublishedTable`]): the generation is read before and after the
+/// fields, and a slot that changed is refused like a stale handle.
+fn read_slot(slot: &Slot, handle: u32) -> Option<Region> {
+    let generation = handle >> 16;
+    if slot.generation.load(Ordering::Acquire) != generation {
         return None;
     }
-    table.checked_add(index * REGION_SLOT_BYTES as u64)
+    let region = Region {
+        addr: slot.addr.load(Ordering::Relaxed),
+        len: slot.len.load(Ordering::Relaxed),
+        ptag: slot.ptag.load(Ordering::Relaxed),
+        flags: slot.flags.load(Ordering::Relaxed),
+    };
+    std::sync::atomic::fence(Ordering::Acquire);
+    (slot.generation.load(Ordering::Relaxed) == generation).then_some(region)
 }
 
 struct Allocation {
@@ -87,6 +91,8 @@ struct Allocation {
 /// The registry of one NIC.
 pub struct Registry {
     table: *mut Slot,
+    /// Whether `table` is this registry's own mapping, unmapped on drop.
+    owns_table: bool,
     alloc: Mutex<Allocation>,
 }
 
@@ -95,14 +101,14 @@ unsafe impl Send for Registry {}
 unsafe impl Sync for Registry {}
 
 impl Registry {
-    /// An empty registry.  The table is reserved, not touched: pages appear as regions do.
+    /// An empty registry with a table of its own, which no other process
+    /// sees.  The table is reserved, not touched: pages appear as regions do.
     pub fn new() -> ViaResult<Registry> {
-        let bytes = SLOTS * std::mem::size_of::<Slot>();
         // SAFETY: anonymous private mapping, checked below.
         let table = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                bytes,
+                TABLE_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
@@ -112,20 +118,31 @@ impl Registry {
         if table == libc::MAP_FAILED {
             return Err(ViaError::Resource);
         }
-        Ok(Registry {
-            table: table as *mut Slot,
+        Ok(Self::over(table as *mut Slot, true))
+    }
+
+    /// An empty registry whose table is the `TABLE_BYTES` at `table`: memory
+    /// the caller shares with the processes that check RDMA requests
+    /// against this registry through a [`PublishedTable`].
+    ///
+    /// # Safety
+    /// `table` must be 8-byte aligned, zeroed, readable and writable for
+    /// `TABLE_BYTES`, written by nobody else, and outlive the registry.
+    pub unsafe fn in_table(table: *mut u8) -> Registry {
+        Self::over(table.cast::<Slot>(), false)
+    }
+
+    fn over(table: *mut Slot, owns_table: bool) -> Registry {
+        Registry {
+            table,
+            owns_table,
             alloc: Mutex::new(Allocation {
                 free: (1..SLOTS as u32).rev().map(|i| i as u16).collect(),
                 next_generation: vec![1; SLOTS],
                 ptag_users: Default::default(),
                 pinned: vec![false; SLOTS],
             }),
-        })
-    }
-
-    /// Address of the slot table, published to peers for RDMA checks.
-    pub fn table_address(&self) -> u64 {
-        self.table as u64
+        }
     }
 
     fn slot(&self, index: usize) -> &Slot {
@@ -166,23 +183,7 @@ impl Registry {
 
     /// Looks a handle up; `None` for a free, stale or forged handle.
     pub fn lookup(&self, handle: u32) -> Option<Region> {
-        let index = (handle & 0xFFFF) as usize;
-        let generation = handle >> 16;
-        if index == 0 || generation == 0 {
-            return None;
-        }
-        let slot = self.slot(index);
-        if slot.generation.load(Ordering::Acquire) != generation {
-            return None;
-        }
-        let region = Region {
-            addr: slot.addr.load(Ordering::Relaxed),
-            len: slot.len.load(Ordering::Relaxed),
-            ptag: slot.ptag.load(Ordering::Relaxed),
-            flags: slot.flags.load(Ordering::Relaxed),
-        };
-        std::sync::atomic::fence(Ordering::Acquire);
-        (slot.generation.load(Ordering::Relaxed) == generation).then_some(region)
+        read_slot(self.slot(index_of(handle)?), handle)
     }
 
     /// Looks a handle up and checks that it was registered at `addr`.
@@ -250,8 +251,39 @@ impl Drop for Registry {
                 };
             }
         }
-        // SAFETY: the mapping made in new().
-        unsafe { libc::munmap(self.table as *mut libc::c_void, SLOTS * std::mem::size_of::<Slot>()) };
+        if self.owns_table {
+            // SAFETY: the mapping made in new().
+            unsafe { libc::munmap(self.table as *mut libc::c_void, TABLE_BYTES) };
+        }
+    }
+}
+
+/// Another process's registry table, mapped read-only: what an RDMA
+/// request to that process is checked against.  Its owner rewrites slots
+/// at any time, and the bytes are untrusted: a slot is taken only if its
+/// generation matches the handle before and after it is read, and a region
+/// that wraps around the address space contains nothing.
+pub struct PublishedTable {
+    table: *const Slot,
+}
+
+impl PublishedTable {
+    /// The table whose `TABLE_BYTES` are mapped at `table`.
+    ///
+    /// # Safety
+    /// `table` must be 8-byte aligned and readable for `TABLE_BYTES` for as
+    /// long as the view is used.
+    pub unsafe fn new(table: *const u8) -> PublishedTable {
+        PublishedTable { table: table.cast::<Slot>() }
+    }
+
+    /// The region `handle` names, as the owner last published it; `None`
+    /// for a free, stale or forged handle.
+    pub fn lookup(&self, handle: u32) -> Option<Region> {
+        let index = index_of(handle)?;
+        // SAFETY: index < SLOTS (16 bits), inside the table `new` was given;
+        // any bit pattern is a valid slot of atomics.
+        read_slot(unsafe { &*self.table.add(index) }, handle)
     }
 }
 
@@ -294,19 +326,34 @@ mod tests {
     }
 
     #[test]
-    fn remote_slot_decoding_checks_the_generation() {
-        let reg = Registry::new().unwrap();
+    fn a_published_table_shows_what_the_owner_registers() {
+        let mut table = vec![0u64; TABLE_BYTES / 8];
+        // SAFETY: the table is zeroed, aligned, ours alone, and outlives both views.
+        let (reg, peer) =
+            unsafe { (Registry::in_table(table.as_mut_ptr().cast()), PublishedTable::new(table.as_ptr().cast())) };
         let buf = [0u8; 64];
-        let h = reg.register(buf.as_ptr() as u64, 64, 3, REGION_RDMA_READ, false).unwrap();
-        let at = slot_address(reg.table_address(), h).unwrap();
-        let mut bytes = [0u8; REGION_SLOT_BYTES];
-        // SAFETY: reading our own table as a peer would.
-        unsafe { std::ptr::copy_nonoverlapping(at as *const u8, bytes.as_mut_ptr(), REGION_SLOT_BYTES) };
-        let r = Region::from_remote_slot(&bytes, h).unwrap();
-        assert_eq!(r, reg.lookup(h).unwrap());
-        assert!(Region::from_remote_slot(&bytes, h ^ 0x1_0000).is_none());
-        bytes[24..32].copy_from_slice(&u64::MAX.to_ne_bytes());
-        assert!(Region::from_remote_slot(&bytes, h).is_none());
+        let addr = buf.as_ptr() as u64;
+        let h = reg.register(addr, 64, 3, REGION_RDMA_READ, false).unwrap();
+        assert_eq!(peer.lookup(h), reg.lookup(h));
+        assert_eq!(peer.lookup(h).unwrap(), Region { addr, len: 64, ptag: 3, flags: REGION_RDMA_READ });
+        // Changed attributes show at once; stale, forged and slot-0 handles find nothing.
+        reg.set_attributes(h, addr, 4, REGION_RDMA_WRITE).unwrap();
+        assert_eq!(peer.lookup(h).map(|r| (r.ptag, r.flags)), Some((4, REGION_RDMA_WRITE)));
+        for forged in [h ^ 0x1_0000, h & 0xFFFF, h & 0xFFFF_0000, 0, u32::MAX] {
+            assert!(peer.lookup(forged).is_none(), "{forged:#x}");
+        }
+        reg.deregister(h, addr).unwrap();
+        assert!(peer.lookup(h).is_none());
+        drop(reg);
+    }
+
+    #[test]
+    fn a_region_that_wraps_around_contains_nothing() {
+        let wrapped = Region { addr: u64::MAX - 10, len: 100, ptag: 1, flags: 0 };
+        assert!(!wrapped.contains(u64::MAX - 5, 1));
+        assert!(!wrapped.contains(0, 1));
+        let fine = Region { addr: 4096, len: 100, ptag: 1, flags: 0 };
+        assert!(fine.contains(4096, 100) && !fine.contains(4096, 101) && !fine.contains(u64::MAX, 2));
     }
 
     #[test]

@@ -361,7 +361,6 @@ fn endpoint_of(e: &CmEndpoint) -> Endpoint {
         rdma_write: e.rdma_write,
         rdma_read: e.rdma_read,
         ptag: 0,
-        registry: 0,
     }
 }
 

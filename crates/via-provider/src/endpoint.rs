@@ -20,13 +20,11 @@ pub struct Endpoint {
     pub rdma_read: bool,
     /// The VI's protection tag id (compared with region tags on RDMA).
     pub ptag: u32,
-    /// Address of the memory registry table in the process.
-    pub registry: u64,
 }
 
 /// `recv_cq` value of a VI without a receive CQ.
 pub const NO_CQ: u32 = u32::MAX;
-const ENDPOINT_BYTES: usize = 4 + 8 + 4 + 2 + 8 + 1 + 1 + 4 + 8;
+const ENDPOINT_BYTES: usize = 4 + 8 + 4 + 2 + 8 + 1 + 1 + 4;
 
 impl Endpoint {
     fn encode(&self, out: &mut Vec<u8>) {
@@ -38,7 +36,6 @@ impl Endpoint {
         out.push(self.rdma_write as u8);
         out.push(self.rdma_read as u8);
         out.extend_from_slice(&self.ptag.to_le_bytes());
-        out.extend_from_slice(&self.registry.to_le_bytes());
     }
 
     fn decode(b: &[u8]) -> Option<Endpoint> {
@@ -62,7 +59,6 @@ impl Endpoint {
             rdma_write: take(1)[0] != 0,
             rdma_read: take(1)[0] != 0,
             ptag: u32_(take(4)),
-            registry: u64_(take(8)),
         })
     }
 }
@@ -134,7 +130,6 @@ mod tests {
             rdma_write: true,
             rdma_read: false,
             ptag: 5,
-            registry: 0xdead,
         };
         for m in [
             PeerMessage::Ready(e),

@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use via_core::consts::limits;
 use via_core::error::{ViaError, ViaResult};
-use via_core::registry::Registry;
-use via_shm::inbox::{Inbox, INBOXES};
+use via_core::registry::{Registry, TABLE_BYTES};
+use via_shm::inbox::{Inbox, INBOXES, PUBLISHED_TABLE_BYTES};
+
+// The registry's table lives in the inbox segment's published table.
+const _: () = assert!(TABLE_BYTES <= PUBLISHED_TABLE_BYTES);
 
 /// An asynchronous error, as `VIP_ERROR_DESCRIPTOR` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,9 +64,9 @@ pub struct Nic {
     /// The device, as the host agent resolved it.
     pub device: viad::client::DeviceInfo,
     _session: viad::client::Session,
-    /// Registered memory.
+    /// Registered memory, its table published in `inbox`.
     pub registry: Registry,
-    /// Completion-queue inboxes, shared with peers.
+    /// Completion-queue inboxes and the registry's table, shared with peers.
     pub inbox: Inbox,
     cq_slots: Mutex<Vec<bool>>,
     next_ptag: AtomicU32,
@@ -107,8 +110,11 @@ impl Nic {
                 ViaError::Resource
             }
         })?;
-        let registry = Registry::new()?;
         let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
+        // SAFETY: the inbox's published table is zeroed, page aligned, large
+        // enough (checked below), written only through this registry, and
+        // outlives it: `registry` is declared, so dropped, before `inbox`.
+        let registry = unsafe { Registry::in_table(inbox.published_table()) };
         let pin = std::env::var("VIA_PIN_MEMORY").is_ok_and(|v| v == "1");
         let send_engine = crate::doorbell::SendEngine::start().map_err(|e| {
             tracing::warn!("cannot start the send engine: {e}");

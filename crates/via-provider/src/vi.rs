@@ -30,7 +30,7 @@ use std::time::Duration;
 use via_core::consts::*;
 use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, Segs, WorkRequest};
 use via_core::error::{ViaError, ViaResult};
-use via_core::registry::{slot_address, Region, REGION_RDMA_READ, REGION_RDMA_WRITE, REGION_SLOT_BYTES};
+use via_core::registry::{PublishedTable, REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
 use via_shm::ring::{SlotHeader, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
@@ -358,7 +358,6 @@ impl Vi {
             rdma_write: a.rdma_write,
             rdma_read: a.rdma_read,
             ptag: self.ptag_id.load(Ordering::Acquire),
-            registry: self.nic.registry.table_address(),
         }
     }
 
@@ -1113,21 +1112,17 @@ fn deliver(
     result
 }
 
-/// Checks an RDMA request against the target's registry, tag and enables.
+/// Checks an RDMA request against the target's registry, tag and enables:
+/// the registry's table as the target publishes it in its inbox segment.
 fn remote_allows(conn: &Conn, addr: u64, handle: u32, len: u64, write: bool) -> bool {
     let peer = &conn.peer;
     if (write && !peer.rdma_write) || (!write && !peer.rdma_read) {
         return false;
     }
-    let Some(at) = slot_address(peer.registry, handle) else {
-        return false;
-    };
-    let mut bytes = [0u8; REGION_SLOT_BYTES];
-    let read = cma::read_remote(peer.pid as i32, &mut [IoSliceMut::new(&mut bytes)], &[(at, REGION_SLOT_BYTES)]);
-    if !matches!(read, Ok(REGION_SLOT_BYTES)) {
-        return false;
-    }
-    let Some(region) = Region::from_remote_slot(&bytes, handle) else {
+    // SAFETY: the table is PUBLISHED_TABLE_BYTES >= TABLE_BYTES, page
+    // aligned, inside the peer's inbox segment, mapped while `conn` lives.
+    let table = unsafe { PublishedTable::new(conn.peer_inbox.published_table()) };
+    let Some(region) = table.lookup(handle) else {
         return false;
     };
     let flag = if write { REGION_RDMA_WRITE } else { REGION_RDMA_READ };
