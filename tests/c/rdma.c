@@ -3,7 +3,10 @@
  * between two processes, and the protection checks of the target: a region
  * without EnableRdmaWrite, a target VI without EnableRdmaWrite, a region of
  * another ptag, an unregistered address, a range past the region's end, a
- * forged memory handle, and a read from a region without EnableRdmaRead.
+ * forged memory handle, a region whose EnableRdmaWrite the target turned
+ * off, a handle the target deregistered, and a read from a region without
+ * EnableRdmaRead.  The last two changes are made by the target while
+ * connected: the initiator must see them at once.
  *
  * A refused operation completes at the initiator with RDMA_PROT_ERROR and no
  * byte of the target's memory changes (the target checks canary patterns in
@@ -20,12 +23,12 @@
 #define WSIZE (1u << 20)   /* target region with RDMA enabled */
 #define SSIZE (64u << 10)  /* the other target buffers */
 
-enum { SEED_W = 0xC1, SEED_N = 0xC2, SEED_P = 0xC3, SEED_U = 0xC4 };
+enum { SEED_W = 0xC1, SEED_N = 0xC2, SEED_P = 0xC3, SEED_U = 0xC4, SEED_D = 0xC5 };
 
 /* Where the target's buffers are. */
 typedef struct {
-    uint64_t w, n, p, u;
-    VIP_MEM_HANDLE wh, nh, ph, pad;
+    uint64_t w, n, p, u, d;
+    VIP_MEM_HANDLE wh, nh, ph, dh;
 } info_t;
 
 enum op {
@@ -37,6 +40,8 @@ enum op {
     C_RESET,       /* restore the canaries */
     C_RECVCHECK,   /* that receive completes as a send of len bytes, seed */
     C_REFUSED,     /* arg: the error code the target must report (reliable) */
+    C_WENABLE,     /* arg: EnableRdmaWrite of region W, set by VipSetMemAttributes */
+    C_DEREG,       /* deregister region D (its memory stays, with its canary) */
     C_DISCONNECT,
     C_END,
 };
@@ -60,7 +65,8 @@ typedef struct {
     VIP_NIC_HANDLE nic;
     VIP_PROTECTION_HANDLE ptag, other;
     VIP_VI_HANDLE vi;
-    vt_mem w, n, p, rbuf;
+    vt_mem w, n, p, d, rbuf;
+    int d_registered;
     VIP_UINT8 *u; /* never registered */
     vt_dpool descs;
     vt_errlog errs;
@@ -72,6 +78,7 @@ static void canaries_set(target_t *t)
     vt_fill(t->n.base, SSIZE, SEED_N);
     vt_fill(t->p.base, SSIZE, SEED_P);
     vt_fill(t->u, SSIZE, SEED_U);
+    vt_fill(t->d.base, SSIZE, SEED_D);
 }
 
 static void canaries_check(target_t *t)
@@ -80,6 +87,7 @@ static void canaries_check(target_t *t)
     CHECK_PATTERN(t->n.base, SSIZE, SEED_N);
     CHECK_PATTERN(t->p.base, SSIZE, SEED_P);
     CHECK_PATTERN(t->u, SSIZE, SEED_U);
+    CHECK_PATTERN(t->d.base, SSIZE, SEED_D);
 }
 
 /* W holds the pattern in [off, off+len) and its canary elsewhere. */
@@ -96,6 +104,7 @@ static void check_written(target_t *t, uint64_t off, uint64_t len, uint32_t seed
     CHECK_PATTERN(t->n.base, SSIZE, SEED_N);
     CHECK_PATTERN(t->p.base, SSIZE, SEED_P);
     CHECK_PATTERN(t->u, SSIZE, SEED_U);
+    CHECK_PATTERN(t->d.base, SSIZE, SEED_D);
     vt_fill(w, WSIZE, SEED_W);
 }
 
@@ -115,6 +124,8 @@ static void target_level(int fd, VIP_RELIABILITY_LEVEL level)
     vt_mem_reg(&t.w, t.nic, t.ptag, WSIZE, VIP_TRUE, VIP_TRUE);
     vt_mem_reg(&t.n, t.nic, t.ptag, SSIZE, VIP_FALSE, VIP_FALSE);
     vt_mem_reg(&t.p, t.nic, t.other, SSIZE, VIP_TRUE, VIP_TRUE);
+    vt_mem_reg(&t.d, t.nic, t.ptag, SSIZE, VIP_TRUE, VIP_TRUE);
+    t.d_registered = 1;
     vt_mem_reg(&t.rbuf, t.nic, t.ptag, 65536, VIP_FALSE, VIP_FALSE);
     t.u = vt_alloc(SSIZE);
     vt_dpool_init(&t.descs, t.nic, t.ptag, 4, 2);
@@ -123,7 +134,8 @@ static void target_level(int fd, VIP_RELIABILITY_LEVEL level)
     canaries_set(&t);
 
     info_t info = {(uintptr_t)t.w.base, (uintptr_t)t.n.base, (uintptr_t)t.p.base,
-                   (uintptr_t)t.u, t.w.mh, t.n.mh, t.p.mh, 0};
+                   (uintptr_t)t.u,      (uintptr_t)t.d.base, t.w.mh,
+                   t.n.mh,              t.p.mh,              t.d.mh};
     vt_put(fd, &info, sizeof info);
 
     VIP_DESCRIPTOR *rd = vt_dpool_get(&t.descs, 0);
@@ -180,6 +192,17 @@ static void target_level(int fd, VIP_RELIABILITY_LEVEL level)
             /* Still nothing changed. */
             canaries_check(&t);
             break;
+        case C_WENABLE: {
+            VIP_MEM_ATTRIBUTES ma;
+            CHECK_OK(VipQueryMem(t.nic, t.w.base, t.w.mh, &ma));
+            ma.EnableRdmaWrite = (VIP_BOOLEAN)c.arg;
+            CHECK_OK(VipSetMemAttributes(t.nic, t.w.base, t.w.mh, &ma));
+            break;
+        }
+        case C_DEREG:
+            CHECK_OK(VipDeregisterMem(t.nic, t.d.base, t.d.mh));
+            t.d_registered = 0;
+            break;
         case C_DISCONNECT: {
             CHECK_OK(VipDisconnect(t.vi));
             CHECK_STATE(VIP_STATE_IDLE, t.vi);
@@ -193,6 +216,10 @@ static void target_level(int fd, VIP_RELIABILITY_LEVEL level)
             vt_mem_dereg(&t.w);
             vt_mem_dereg(&t.n);
             vt_mem_dereg(&t.p);
+            if (t.d_registered)
+                vt_mem_dereg(&t.d);
+            else
+                free(t.d.base);
             vt_mem_dereg(&t.rbuf);
             free(t.u);
             CHECK_OK(VipDestroyPtag(t.nic, t.other));
@@ -337,6 +364,8 @@ static const refusal_t refusals[] = {
     {"write past the end of the region", VIP_TRUE, 0, 0},
     {"write before the start of the region", VIP_TRUE, 0, 0},
     {"write with a forged memory handle", VIP_TRUE, 0, 0},
+    {"write to a region whose EnableRdmaWrite the target turned off", VIP_TRUE, 0, 0},
+    {"write with a handle the target deregistered", VIP_TRUE, 0, 0},
     {"read from a region without EnableRdmaRead", VIP_TRUE, 1, 1},
     {"read from an unregistered address", VIP_TRUE, 1, 1},
 };
@@ -360,8 +389,10 @@ static void refused_operation(init_t *in, size_t k)
     case 4: addr = in->t.w + WSIZE - 100; len = 200; break;
     case 5: addr = in->t.w - 64; len = 128; break;
     case 6: h = in->t.wh ^ 0x5A5A0000u; break;
-    case 7: addr = in->t.n; h = in->t.nh; break;
-    case 8: addr = in->t.u; break;
+    case 7: cmd(in, C_WENABLE, VIP_FALSE, 0, 0, 0, 0); break;
+    case 8: addr = in->t.d; h = in->t.dh; cmd(in, C_DEREG, 0, 0, 0, 0, 0); break;
+    case 9: addr = in->t.n; h = in->t.nh; break;
+    case 10: addr = in->t.u; break;
     }
     uint32_t seed = 400 + (uint32_t)k;
     vt_fill(in->buf.base, len, seed);
@@ -389,6 +420,8 @@ static void refused_operation(init_t *in, size_t k)
         CHECK_STATE_SOON(VIP_STATE_ERROR, in->vi);
         cmd(in, C_REFUSED, r->read ? VIP_ERROR_RDMAR_PROT : VIP_ERROR_RDMAW_PROT, 0, 0, 0, 0);
     }
+    if (k == 7)
+        cmd(in, C_WENABLE, VIP_TRUE, 0, 0, 0, 0);
     disconnect(in);
 }
 
