@@ -1,7 +1,8 @@
 //! Micro-benchmarks of single VIPL calls on the data path, through the C
-//! ABI: posting and completing a send on a connected loopback pair, polling
-//! an empty receive queue, polling an empty CQ with 1 to 128 VIs attached,
-//! and registering memory; and the CRC-32C that every UDP packet carries.
+//! ABI: posting and completing a send and an RDMA write on a connected
+//! loopback pair, polling an empty receive queue, polling an empty CQ with
+//! 1 to 128 VIs attached, and registering memory; and the CRC-32C that
+//! every UDP packet carries.
 //!
 //! `cargo bench -p viabench --bench vipl`.  The host agent is started on
 //! demand (`target/release/viad`, or `$VIA_VIAD`) under a socket name of
@@ -47,7 +48,8 @@ impl Side {
         }
         let mem = Mapping::new(bytes).unwrap();
         let mut mh = 0;
-        let attrs = VIP_MEM_ATTRIBUTES { Ptag: ptag, EnableRdmaWrite: 0, EnableRdmaRead: 0 };
+        // RDMA writes allowed, for `rdma_path`; the other benchmarks do not use them.
+        let attrs = VIP_MEM_ATTRIBUTES { Ptag: ptag, EnableRdmaWrite: 1, EnableRdmaRead: 0 };
         // SAFETY: our mapping, valid out-pointer.
         unsafe { ok("VipRegisterMem", VipRegisterMem(nic, mem.ptr() as VIP_PVOID, mem.len() as _, &attrs, &mut mh)) };
         let addr = nic_address(nic).unwrap();
@@ -60,7 +62,7 @@ impl Side {
             MaxTransferSize: 4096,
             QoS: std::ptr::null_mut(),
             Ptag: self.ptag,
-            EnableRdmaWrite: 0,
+            EnableRdmaWrite: 1,
             EnableRdmaRead: 0,
         };
         let mut vi = std::ptr::null_mut();
@@ -223,6 +225,50 @@ fn send_path(c: &mut Criterion) {
     }
 }
 
+/// A 4-byte RDMA write into the peer's registered memory, posted and
+/// completed: the check against the target's published registry and one
+/// `process_vm_writev` (the pair is in one process, as the C library
+/// allows).
+fn rdma_path(c: &mut Criterion) {
+    let target = Side::open(1 << 20);
+    let init = Side::open(1 << 20);
+    let (tvi, ivi) = (target.vi(std::ptr::null_mut()), init.vi(std::ptr::null_mut()));
+    connect(&target, &[tvi], &init, &[ivi], "rdma");
+    let d = init.desc(0);
+    let mut desc = Descriptor::default();
+    desc.cs.control = VIP_CONTROL_OP_RDMAWRITE;
+    desc.cs.seg_count = 2;
+    desc.cs.length = 4;
+    desc.ds[0] = DataSegment { data: target.buf(), handle: target.mh, length: 0 };
+    desc.ds[1] = DataSegment { data: init.buf(), handle: init.mh, length: 4 };
+    let bytes = [0xC0u8, 0xFF, 0xEE, 0x42];
+    // SAFETY: the initiator's registered buffer, 4 bytes of it.
+    unsafe { std::ptr::write(init.buf() as *mut [u8; 4], bytes) };
+    c.bench_function("VipPostSend+VipSendDone RDMA write 4B shm", |b| {
+        b.iter(|| {
+            let mut done: *mut Descriptor = std::ptr::null_mut();
+            // SAFETY: a descriptor of registered memory, reused once completed.
+            unsafe {
+                std::ptr::write(d, desc);
+                ok("VipPostSend", VipPostSend(ivi, d, init.mh));
+                ok("VipSendDone", VipSendDone(ivi, &mut done));
+            }
+            black_box(done)
+        })
+    });
+    // SAFETY: the target's registered buffer: the writes landed there.
+    assert_eq!(unsafe { std::ptr::read(target.buf() as *const [u8; 4]) }, bytes);
+    // SAFETY: our VIs, connected above.
+    unsafe {
+        VipDisconnect(ivi);
+        VipDisconnect(tvi);
+        VipDestroyVi(ivi);
+        VipDestroyVi(tvi);
+        VipCloseNic(init.nic);
+        VipCloseNic(target.nic);
+    }
+}
+
 /// `VipCQDone` on an empty CQ against the number of receive queues attached:
 /// O(1) with completion-queue entries (`VIA_CQ=cq1`), a scan of every queue
 /// with `VIA_CQ=cq2` (Banikazemi et al.'s Table 3).
@@ -315,6 +361,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = crc32c, send_path, cq_poll, registration
+    targets = crc32c, send_path, rdma_path, cq_poll, registration
 }
 criterion_main!(benches);
