@@ -111,9 +111,10 @@ impl Nic {
             }
         })?;
         let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
-        // SAFETY: the inbox's published table is zeroed, page aligned, large
-        // enough (checked below), written only through this registry, and
-        // outlives it: `registry` is declared, so dropped, before `inbox`.
+        // SAFETY: the inbox's published table is zeroed, page aligned,
+        // large enough (the assertion at the top of this file), written
+        // only through this registry, and outlives it: `registry` is
+        // declared, so dropped, before `inbox`.
         let registry = unsafe { Registry::in_table(inbox.published_table()) };
         let pin = std::env::var("VIA_PIN_MEMORY").is_ok_and(|v| v == "1");
         let send_engine = crate::doorbell::SendEngine::start().map_err(|e| {
