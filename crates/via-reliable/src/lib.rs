@@ -553,9 +553,13 @@ impl Session {
         }
     }
 
-    /// `ack_every` packets are unacknowledged.
+    /// `ack_every` packets are unacknowledged, and no message is partly
+    /// received: the rest of a message is on its way, and an acknowledgement
+    /// sent between its packets would hold up the next one (on a veth pair
+    /// or loopback, sending it runs the peer's input path).  The window's
+    /// quarter and the delay still bound how long one waits.
     fn owes_ack(&self) -> bool {
-        self.unacked >= self.config.ack_every.max(1)
+        self.unacked >= self.config.ack_every.max(1) && self.rx.is_none()
     }
 
     fn transmit(&mut self, now: Instant, owed_too: bool) -> Option<Transmit> {
@@ -1103,14 +1107,32 @@ impl Session {
             filled = true;
         }
         self.unacked += 1;
-        let every = self.config.ack_every.max(1);
-        if filled || self.unacked >= every.max(self.window / 4) {
-            // A sender must never wait for the window to open.
+        if filled || self.window_needs_ack() {
             self.ack_now = true;
         } else if self.ack_deadline.is_none() {
             self.ack_deadline = now.checked_add(self.config.ack_delay);
         }
         Some(Segment::of(h))
+    }
+
+    /// Whether an acknowledgement must go at once so that the sender never
+    /// waits for its window to open: half the window is unacknowledged, or
+    /// a quarter while a message is in progress that does not end within
+    /// half the window.  Between those, none goes between a message's
+    /// packets to hold up the next, and at the end of a message it is owed
+    /// (`owes_ack`): a reply or the next idle poll carries it.
+    fn window_needs_ack(&self) -> bool {
+        let quarter = self.config.ack_every.max(1).max(self.window / 4);
+        let half = quarter.max(self.window / 2);
+        if self.unacked < quarter {
+            return false;
+        }
+        if self.unacked >= half {
+            return true;
+        }
+        let Some(rx) = self.rx else { return false };
+        let rest = rx.first.total.saturating_sub(rx.next_offset).div_ceil(self.max_payload);
+        self.unacked as u64 + rest as u64 > half as u64
     }
 
     fn advance(&mut self) {

@@ -185,16 +185,68 @@ fn the_window_limits_packets_in_flight() {
 }
 
 #[test]
-fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
+fn no_ack_goes_between_the_packets_of_a_message_unless_the_window_needs_it() {
     let t0 = Instant::now();
     let config = Config { window: 16, max_payload: 100, ..Config::default() };
-    let (mut a, mut b) = pair(config.clone(), t0);
+    let (mut a, mut b) = pair(config, t0);
     a.send(msg(1, 1000)).unwrap();
     let packets = drain(&mut a, t0);
     assert_eq!(packets.len(), 10);
 
-    // Two packets reach ack_every: the ACK is owed, and a busy receiver holds it.
+    // Two packets of a message in progress: nothing is owed, busy or idle.
     for t in &packets[..2] {
+        deliver(&mut b, t0, t);
+    }
+    assert!(!b.ack_owed());
+    assert!(b.poll_transmit(t0).is_none());
+
+    // A quarter of the window (4) unacknowledged, with 6 more to come, is
+    // more than half the window before the message ends: urgent, even busy.
+    deliver(&mut b, t0, &packets[2]);
+    assert!(b.poll_transmit_busy(t0).is_none());
+    deliver(&mut b, t0, &packets[3]);
+    let ack = b.poll_transmit_busy(t0).expect("an urgent ACK");
+    assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 5));
+
+    // Four more with two to come fit in half the window: held, busy or idle.
+    for t in &packets[4..9] {
+        deliver(&mut b, t0, t);
+        assert!(b.poll_transmit(t0).is_none(), "held at seq {}", t.header.seq);
+    }
+    // The last packet ends the message: the ACK is owed, for a reply to
+    // carry; an idle receiver sends it.
+    deliver(&mut b, t0, &packets[9]);
+    assert!(b.ack_owed());
+    assert!(b.poll_transmit_busy(t0).is_none());
+    let ack = b.poll_transmit(t0).expect("the ACK of the message");
+    assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 11));
+    assert!(!b.ack_owed());
+
+    // Half the window unacknowledged is urgent, message or not.
+    deliver(&mut a, t0, &ack);
+    a.send(msg(2, 800)).unwrap();
+    let packets = drain(&mut a, t0);
+    for t in &packets[..7] {
+        deliver(&mut b, t0, t);
+        assert!(b.poll_transmit_busy(t0).is_none(), "held at seq {}", t.header.seq);
+    }
+    deliver(&mut b, t0, &packets[7]);
+    let ack = b.poll_transmit_busy(t0).expect("an urgent ACK");
+    assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 19));
+}
+
+#[test]
+fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
+    let t0 = Instant::now();
+    let config = Config { window: 16, max_payload: 100, ..Config::default() };
+    let (mut a, mut b) = pair(config.clone(), t0);
+    a.send(msg(1, 100)).unwrap();
+    a.send(msg(2, 100)).unwrap();
+    let packets = drain(&mut a, t0);
+    assert_eq!(packets.len(), 2);
+
+    // Two messages reach ack_every: the ACK is owed, and a busy receiver holds it.
+    for t in &packets {
         deliver(&mut b, t0, t);
     }
     assert!(b.ack_owed());
@@ -205,24 +257,17 @@ fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
     assert!(!b.ack_owed());
     assert!(b.poll_transmit(t0).is_none());
 
-    // A quarter of the window (4 packets) unacknowledged is urgent even when busy.
-    for t in &packets[2..5] {
-        deliver(&mut b, t0, t);
-        assert!(b.poll_transmit_busy(t0).is_none(), "held at seq {}", t.header.seq);
-    }
-    deliver(&mut b, t0, &packets[5]);
-    let ack = b.poll_transmit_busy(t0).expect("an urgent ACK");
-    assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 7));
-
-    // The rest of the message: a reply carries the owed ACK, no pure ACK goes.
-    for t in &packets[6..] {
+    // Two more: a reply carries the owed ACK, no pure ACK goes.
+    a.send(msg(3, 100)).unwrap();
+    a.send(msg(4, 100)).unwrap();
+    for t in &drain(&mut a, t0) {
         deliver(&mut b, t0, t);
     }
     assert!(b.ack_owed());
-    b.send(msg(2, 50)).unwrap();
+    b.send(msg(5, 50)).unwrap();
     let reply: Vec<_> = std::iter::from_fn(|| b.poll_transmit_busy(t0)).collect();
     assert_eq!(reply.len(), 1);
-    assert_eq!((reply[0].header.kind, reply[0].header.ack), (Kind::Data, 11));
+    assert_eq!((reply[0].header.kind, reply[0].header.ack), (Kind::Data, 5));
     assert!(!b.ack_owed());
 
     // Held and forgotten, the ACK still goes when the delay runs out.
