@@ -323,6 +323,7 @@ fn net_identity(vi: &Vi, remote_host: &[u8]) -> ViaResult<(Arc<NetPort>, u64, Ve
         payload_crc: tuning().payload_crc,
         ether: port.local_ether(),
         large_packets: port.takes_large_packets(),
+        placed_acks: true,
     };
     Ok((port, key, client::encode_endpoint(&endpoint)))
 }
@@ -347,7 +348,10 @@ fn net_link(vi: &Vi, port: Arc<NetPort>, key: u64, remote: &CmEndpoint) -> Arc<N
     };
     let local = via_reliable::Peer { vi: vi.handle as u32, key };
     let peer = via_reliable::Peer { vi: remote.vi, key: remote.key };
-    Arc::new(NetLink::new(port, remote.addr, remote.ether, config, local, peer))
+    // An RDMA write completes with the acknowledgement of its last packet
+    // where the target places before it acknowledges (reliable levels).
+    let placed_acks = remote.placed_acks && config.reliable;
+    Arc::new(NetLink::new(port, remote.addr, remote.ether, config, local, peer, placed_acks))
 }
 
 /// A remote endpoint as the VI attributes report it.

@@ -862,6 +862,10 @@ pub struct NetLink {
     frames_to: Option<([u8; MAC_LEN], u16)>,
     /// This VI's id on the wire.
     pub local_vi: u32,
+    /// Both ends place an RDMA write before they acknowledge it, and
+    /// refuse one with a BREAK (`CmEndpoint::placed_acks`): a write
+    /// completes when its last packet is acknowledged, with no answer.
+    pub placed_acks: bool,
     pub(crate) state: Mutex<NetState>,
 }
 
@@ -933,6 +937,7 @@ impl NetLink {
         config: Config,
         local: via_reliable::Peer,
         remote: via_reliable::Peer,
+        placed_acks: bool,
     ) -> NetLink {
         let frames_to = match (&port.ether, peer_ether) {
             (Some(ether), Some(mac)) if config.reliable && config.payload_crc && ether.on_link(peer.ip(), mac) => {
@@ -946,6 +951,7 @@ impl NetLink {
             port,
             peer,
             local_vi: local.vi,
+            placed_acks,
             state: Mutex::new(NetState {
                 session: Session::new(config, local, remote, Instant::now()),
                 outbound: Outbound::default(),
@@ -1059,8 +1065,8 @@ impl NetState {
     pub fn take_events(&mut self, events: &mut NetEvents<'_>) {
         while let Some(e) = self.session.poll_event() {
             events.push(match e {
-                Event::Segment { kind, msg, offset, total, imm, first, last, data } => {
-                    NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last }, Cow::Owned(data))
+                Event::Segment { kind, msg, offset, total, imm, first, last, seq, data } => {
+                    NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last, seq }, Cow::Owned(data))
                 }
                 Event::Sent { token } => {
                     self.outbound.remove(token);

@@ -24,6 +24,9 @@ struct Followup {
     deadline: Option<std::time::Instant>,
     replies: Vec<(MsgKind, u32, Gather)>,
     close: Option<Break>,
+    /// The packet whose RDMA write segment was refused, where the
+    /// connection breaks acknowledging only the packets before it.
+    refused: Option<u32>,
     lost: Option<u32>,
     woke: bool,
 }
@@ -76,9 +79,11 @@ impl Vi {
                 let gather: Gather = wr.segs.iter().map(|s| (s.addr, s.len)).collect();
                 let total = wr.total as u32;
                 // An RDMA write completes when the target has checked and
-                // placed it (its answer), so that a refused write reports
-                // RDMA_PROT_ERROR to the initiator as on one host.
-                let answered = true;
+                // placed it, so that a refused write reports RDMA_PROT_ERROR
+                // to the initiator as on one host: with the acknowledgement
+                // of its last packet where the target places before it
+                // acknowledges, else with the target's answer.
+                let answered = !link.placed_acks;
                 let (kind, len, read) = match (wr.op, wr.remote) {
                     (Op::RdmaWrite, Some((addr, handle))) => {
                         (MsgKind::RdmaWrite { addr, handle }, total, answered.then(Segs::new))
@@ -136,6 +141,8 @@ impl Vi {
                 st.heard_frame();
             }
             let now = crate::clock::now();
+            // What arrives now is acknowledged once it is placed (below).
+            st.session.hold_acks();
             for &(ref header, payload) in packets {
                 // In order: placed straight from the datagram.  A packet can
                 // also release segments held for reordering; they follow it.
@@ -145,14 +152,30 @@ impl Vi {
                 st.take_events(&mut events);
             }
             st.flush_busy(&link, now, &mut events);
-            if app_away {
-                st.session.ack_pending()
+            if !st.session.acks_held() {
+                st.session.release_acks();
+                Some(owed_ack(&st.session, app_away))
             } else {
-                st.session.ack_owed()
+                None
             }
         };
         if !events.is_empty() {
             self.apply_net(&link, events);
+        }
+        if let Some(owed) = owed {
+            return owed;
+        }
+        // Placed (or refused, and the session broken): now packets may say
+        // so, and an acknowledgement that fell due meanwhile goes.
+        let mut more = NetEvents::new();
+        let owed = {
+            let mut st = link.state.lock();
+            st.session.release_acks();
+            st.flush_busy(&link, crate::clock::now(), &mut more);
+            owed_ack(&st.session, app_away)
+        };
+        if !more.is_empty() {
+            self.apply_net(&link, more);
         }
         owed
     }
@@ -272,109 +295,129 @@ impl Vi {
                             }
                         }
                     }
-                    NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last }, data) => match kind {
-                        MsgKind::Send => {
-                            let timer = StageTimer::start();
-                            self.place(&mut r, msg, offset, total, imm, first, last, &data, reliable, &mut f);
-                            timer.stop(&self.nic.counters, Counter::ReceiveNs, last.then_some(Counter::Receives));
-                        }
-                        MsgKind::RdmaWrite { addr, handle } => {
-                            if r.dropping == Some(msg) {
-                                continue; // refused earlier segment of this write
+                    NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last, seq }, data) => {
+                        match kind {
+                            MsgKind::Send => {
+                                let timer = StageTimer::start();
+                                self.place(&mut r, msg, offset, total, imm, first, last, &data, reliable, &mut f);
+                                timer.stop(&self.nic.counters, Counter::ReceiveNs, last.then_some(Counter::Receives));
                             }
-                            let at = addr.wrapping_add(offset as u64);
-                            // The whole write is checked with its first segment, so
-                            // that a refused write lands no byte at all.
-                            let allowed = |a: u64, n: u64| {
-                                attrs.rdma_write && local_allows(&rules, handle, a, n, REGION_RDMA_WRITE)
-                            };
-                            let refused = (first && !allowed(addr, total as u64)) || !allowed(at, data.len() as u64);
-                            if refused {
-                                // Refused: the answer tells the initiator, which breaks
-                                // a reliable connection once it knows (the answer must
-                                // get there first).
-                                self.nic.counters.add(Counter::RdmaRefused, 1);
-                                let answer = MsgKind::RdmaReadResponse { request: msg, status: STATUS_RDMA_PROT_ERROR };
-                                f.replies.push((answer, 0, Gather::new()));
-                                if !last {
-                                    r.dropping = Some(msg);
+                            MsgKind::RdmaWrite { addr, handle } => {
+                                if r.dropping == Some(msg) {
+                                    continue; // refused earlier segment of this write
                                 }
-                                continue;
+                                let at = addr.wrapping_add(offset as u64);
+                                // The whole write is checked with its first segment, so
+                                // that a refused write lands no byte at all.
+                                let allowed = |a: u64, n: u64| {
+                                    attrs.rdma_write && local_allows(&rules, handle, a, n, REGION_RDMA_WRITE)
+                                };
+                                let refused =
+                                    (first && !allowed(addr, total as u64)) || !allowed(at, data.len() as u64);
+                                if refused && link.placed_acks {
+                                    // Refused: the connection breaks, acknowledging only
+                                    // the packets before this one.
+                                    self.nic.counters.add(Counter::RdmaRefused, 1);
+                                    f.refused = Some(seq);
+                                    break;
+                                }
+                                if refused {
+                                    // Refused: the answer tells the initiator, which breaks
+                                    // a reliable connection once it knows (the answer must
+                                    // get there first).
+                                    self.nic.counters.add(Counter::RdmaRefused, 1);
+                                    let answer =
+                                        MsgKind::RdmaReadResponse { request: msg, status: STATUS_RDMA_PROT_ERROR };
+                                    f.replies.push((answer, 0, Gather::new()));
+                                    if !last {
+                                        r.dropping = Some(msg);
+                                    }
+                                    continue;
+                                }
+                                // SAFETY: checked against this process's registry just now.
+                                // The bytes may lie in a posted receive buffer (`NetPort::land`),
+                                // which the application may have let overlap the target.
+                                unsafe { std::ptr::copy(data.as_ptr(), at as *mut u8, data.len()) };
+                                if last && !link.placed_acks {
+                                    f.replies.push((
+                                        MsgKind::RdmaReadResponse { request: msg, status: 0 },
+                                        0,
+                                        Gather::new(),
+                                    ));
+                                }
+                                if last && imm.is_some() {
+                                    self.settle(&mut r);
+                                    let index = r.done;
+                                    match r.items.get_mut(index) {
+                                        Some(item) => {
+                                            let bits = STATUS_OP_REMOTE_RDMA_WRITE | STATUS_IMMEDIATE;
+                                            item.desc.complete(bits, total, imm);
+                                            item.done = true;
+                                            r.done += 1;
+                                            self.push_cq(true);
+                                            f.woke = true;
+                                        }
+                                        None if reliable => f.close = Some(no_receive()),
+                                        None => {}
+                                    }
+                                }
                             }
-                            // SAFETY: checked against this process's registry just now.
-                            // The bytes may lie in a posted receive buffer (`NetPort::land`),
-                            // which the application may have let overlap the target.
-                            unsafe { std::ptr::copy(data.as_ptr(), at as *mut u8, data.len()) };
-                            if last {
+                            MsgKind::RdmaReadRequest { addr, handle, len } => {
+                                let ok =
+                                    attrs.rdma_read && local_allows(&rules, handle, addr, len as u64, REGION_RDMA_READ);
+                                let status = if ok { 0 } else { STATUS_RDMA_PROT_ERROR };
+                                self.nic.counters.add(Counter::RdmaRefused, (!ok) as u64);
+                                let gather: Gather = if ok { smallvec::smallvec![(addr, len)] } else { Gather::new() };
                                 f.replies.push((
-                                    MsgKind::RdmaReadResponse { request: msg, status: 0 },
-                                    0,
-                                    Gather::new(),
+                                    MsgKind::RdmaReadResponse { request: msg, status },
+                                    if ok { len } else { 0 },
+                                    gather,
                                 ));
                             }
-                            if last && imm.is_some() {
-                                self.settle(&mut r);
-                                let index = r.done;
-                                match r.items.get_mut(index) {
-                                    Some(item) => {
-                                        let bits = STATUS_OP_REMOTE_RDMA_WRITE | STATUS_IMMEDIATE;
-                                        item.desc.complete(bits, total, imm);
+                            MsgKind::RdmaReadResponse { request, status } => {
+                                let found = s
+                                    .items
+                                    .iter_mut()
+                                    .find(|i| !i.done && i.read.as_ref().is_some_and(|(m, _)| *m == request));
+                                if let Some(item) = found {
+                                    if status != 0 {
+                                        item.desc.complete(item.op | STATUS_RDMA_PROT_ERROR, 0, None);
                                         item.done = true;
-                                        r.done += 1;
-                                        self.push_cq(true);
-                                        f.woke = true;
-                                    }
-                                    None if reliable => f.close = Some(no_receive()),
-                                    None => {}
-                                }
-                            }
-                        }
-                        MsgKind::RdmaReadRequest { addr, handle, len } => {
-                            let ok =
-                                attrs.rdma_read && local_allows(&rules, handle, addr, len as u64, REGION_RDMA_READ);
-                            let status = if ok { 0 } else { STATUS_RDMA_PROT_ERROR };
-                            self.nic.counters.add(Counter::RdmaRefused, (!ok) as u64);
-                            let gather: Gather = if ok { smallvec::smallvec![(addr, len)] } else { Gather::new() };
-                            f.replies.push((
-                                MsgKind::RdmaReadResponse { request: msg, status },
-                                if ok { len } else { 0 },
-                                gather,
-                            ));
-                        }
-                        MsgKind::RdmaReadResponse { request, status } => {
-                            let found = s
-                                .items
-                                .iter_mut()
-                                .find(|i| !i.done && i.read.as_ref().is_some_and(|(m, _)| *m == request));
-                            if let Some(item) = found {
-                                if status != 0 {
-                                    item.desc.complete(item.op | STATUS_RDMA_PROT_ERROR, 0, None);
-                                    item.done = true;
-                                    if reliable {
-                                        // The target refused: on a reliable VI the connection breaks.
-                                        let theirs = if item.op == STATUS_OP_RDMA_WRITE {
-                                            error_code::RDMAW_PROT
-                                        } else {
-                                            error_code::RDMAR_PROT
-                                        };
-                                        f.close = Some(Break { mine: error_code::CONN_LOST, theirs });
-                                    }
-                                } else if item.op == STATUS_OP_RDMA_WRITE {
-                                    item.desc.complete(item.op, item.length, None);
-                                    item.done = true;
-                                } else {
-                                    let segs = &item.read.as_ref().expect("read").1;
-                                    if !scatter(segs, offset as u64, &data) || total != item.length {
-                                        item.desc.complete(item.op | STATUS_TRANSPORT_ERROR, 0, None);
+                                        if reliable {
+                                            // The target refused: on a reliable VI the connection breaks.
+                                            let theirs = if item.op == STATUS_OP_RDMA_WRITE {
+                                                error_code::RDMAW_PROT
+                                            } else {
+                                                error_code::RDMAR_PROT
+                                            };
+                                            f.close = Some(Break { mine: error_code::CONN_LOST, theirs });
+                                        }
+                                    } else if item.op == STATUS_OP_RDMA_WRITE {
+                                        item.desc.complete(item.op, item.length, None);
                                         item.done = true;
-                                    } else if last {
-                                        item.desc.complete(item.op, total, None);
-                                        item.done = true;
+                                    } else {
+                                        let segs = &item.read.as_ref().expect("read").1;
+                                        if !scatter(segs, offset as u64, &data) || total != item.length {
+                                            item.desc.complete(item.op | STATUS_TRANSPORT_ERROR, 0, None);
+                                            item.done = true;
+                                        } else if last {
+                                            item.desc.complete(item.op, total, None);
+                                            item.done = true;
+                                        }
                                     }
                                 }
                             }
                         }
-                    },
+                    }
+                    NetEvent::Broken(BreakReason::PeerBreak(error_code::RDMAW_PROT)) if link.placed_acks => {
+                        // The target refused our oldest unacknowledged RDMA write.
+                        let refused = s.items.iter_mut().find(|i| !i.done && i.op == STATUS_OP_RDMA_WRITE);
+                        if let Some(item) = refused {
+                            item.desc.complete(item.op | STATUS_RDMA_PROT_ERROR, 0, None);
+                            item.done = true;
+                        }
+                        f.lost = Some(error_code::CONN_LOST);
+                    }
                     NetEvent::Broken(reason) => {
                         f.lost = Some(match reason {
                             BreakReason::PeerBreak(code) if code <= error_code::CATASTROPHIC => code,
@@ -394,6 +437,16 @@ impl Vi {
         }
         if let Some(t) = f.deadline {
             progress::kick_before(t);
+        }
+        if let Some(seq) = f.refused {
+            let mut more = NetEvents::new();
+            {
+                let mut st = link.state.lock();
+                st.session.close_refusing(seq, error_code::RDMAW_PROT);
+                st.flush(link, &mut more);
+            }
+            self.net_lost(error_code::RDMAW_PROT);
+            return;
         }
         if !f.replies.is_empty() || f.close.is_some() {
             let mut more = NetEvents::new();
@@ -522,6 +575,16 @@ fn no_receive() -> Break {
 /// Checks an incoming RDMA access against this process's registry.
 fn local_allows(rules: &Rules, handle: u32, addr: u64, len: u64, flag: u32) -> bool {
     matches!(rules.registry.lookup(handle), Some(r) if r.ptag == rules.ptag && r.flags & flag != 0 && r.contains(addr, len))
+}
+
+/// What `Vi::net_input` reports of a session's acknowledgement: owed, or
+/// with `app_away` anything unacknowledged.
+fn owed_ack(session: &via_reliable::Session, app_away: bool) -> bool {
+    if app_away {
+        session.ack_pending()
+    } else {
+        session.ack_owed()
+    }
 }
 
 #[cfg(test)]

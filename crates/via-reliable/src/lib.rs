@@ -196,6 +196,8 @@ pub enum Event {
         first: bool,
         /// The message's last segment: the message is complete.
         last: bool,
+        /// The sequence number of the packet that carried it.
+        seq: u32,
         /// The bytes.
         data: Vec<u8>,
     },
@@ -229,6 +231,9 @@ pub struct Segment {
     pub first: bool,
     /// The message's last segment: the message is complete.
     pub last: bool,
+    /// The sequence number of the packet that carried it (for
+    /// [`Session::close_refusing`]).
+    pub seq: u32,
 }
 
 impl Segment {
@@ -248,13 +253,14 @@ impl Segment {
             imm: h.has(FLAG_IMMEDIATE).then_some(h.imm),
             first: h.has(FLAG_FIRST),
             last: h.has(FLAG_LAST),
+            seq: h.seq,
         }
     }
 
     /// The [`Event::Segment`] of these bytes.
     pub fn with_data(self, data: Vec<u8>) -> Event {
-        let Segment { kind, msg, offset, total, imm, first, last } = self;
-        Event::Segment { kind, msg, offset, total, imm, first, last, data }
+        let Segment { kind, msg, offset, total, imm, first, last, seq } = self;
+        Event::Segment { kind, msg, offset, total, imm, first, last, seq, data }
     }
 }
 
@@ -433,6 +439,9 @@ pub struct Session {
     /// receiver with more input to take may hold until it is idle
     /// (`poll_transmit_busy`), and a reply that goes first carries it.
     ack_now: bool,
+    /// While set, packets acknowledge nothing from this seq on
+    /// ([`Session::hold_acks`]): what arrived since is not yet placed.
+    ack_hold: Option<u32>,
 
     // Liveness.
     last_heard: Instant,
@@ -479,6 +488,7 @@ impl Session {
             unacked: 0,
             ack_deadline: None,
             ack_now: false,
+            ack_hold: None,
             last_heard: now,
             last_probe: None,
             keepalive_due: false,
@@ -553,6 +563,43 @@ impl Session {
         }
     }
 
+    /// Until [`Session::release_acks`], packets acknowledge only what
+    /// arrived before this call: the owner places what arrives next before
+    /// any packet says it arrived, so that an acknowledgement of an RDMA
+    /// write tells its initiator that the write was checked and placed.
+    /// No pure acknowledgement goes meanwhile; those that fall due go after
+    /// the release.
+    pub fn hold_acks(&mut self) {
+        if self.config.reliable && !self.closed {
+            self.ack_hold = Some(self.rcv_next);
+        }
+    }
+
+    /// Ends [`Session::hold_acks`]: everything received may be acknowledged.
+    pub fn release_acks(&mut self) {
+        self.ack_hold = None;
+    }
+
+    /// Whether [`Session::hold_acks`] keeps back the acknowledgement of
+    /// something received.
+    pub fn acks_held(&self) -> bool {
+        self.ack_hold.is_some_and(|h| h != self.rcv_next)
+    }
+
+    /// Breaks the connection with `code` because the owner refused the
+    /// segment that packet `seq` carried, while [`Session::hold_acks`] is
+    /// in force: the BREAK acknowledges the packets before `seq` (placed)
+    /// and none from `seq` on, so the peer learns which message was
+    /// refused and never takes it for acknowledged.
+    pub fn close_refusing(&mut self, seq: u32, code: u32) {
+        if let Some(h) = self.ack_hold {
+            if diff(seq, h) >= 0 && diff(seq, self.rcv_next) <= 0 {
+                self.ack_hold = Some(seq);
+            }
+        }
+        self.close(code);
+    }
+
     /// `ack_every` packets are unacknowledged, and no message is partly
     /// received: the rest of a message is on its way, and an acknowledgement
     /// sent between its packets would hold up the next one (on a veth pair
@@ -577,6 +624,9 @@ impl Session {
             self.last_probe = Some(now);
             let h = self.header(Kind::KeepAlive, 0, 0);
             return Some(self.emit(h, None));
+        }
+        if self.acks_held() {
+            return None;
         }
         if self.ack_deadline.is_some_and(|d| d <= now) {
             self.ack_now = true;
@@ -815,10 +865,17 @@ impl Session {
     /// packet out; it acknowledges everything received so far.
     #[inline]
     fn emit(&mut self, header: Header, payload: Option<PayloadRef>) -> Transmit {
-        let (ack, sack, window) = (self.rcv_next, self.sack_bits(), self.window);
-        self.unacked = 0;
-        self.ack_deadline = None;
-        self.ack_now = false;
+        let (ack, sack, window) = match self.ack_hold {
+            // Held: no SACK either, or the peer would count the packets
+            // after the hold as arrived past a loss.
+            Some(h) if h != self.rcv_next => (h, 0, self.window),
+            _ => {
+                self.unacked = 0;
+                self.ack_deadline = None;
+                self.ack_now = false;
+                (self.rcv_next, self.sack_bits(), self.window)
+            }
+        };
         self.stats.packets_sent += 1;
         Transmit { header: Header { ack, sack, window, ..header }, payload }
     }

@@ -708,7 +708,7 @@ pub fn run(script: &Script) -> Outcome {
                     }
                     broken[i] = Some(r);
                 }
-                Event::Segment { kind, msg, offset, total, imm, first, last, data } => {
+                Event::Segment { kind, msg, offset, total, imm, first, last, data, .. } => {
                     let Some(sent) = log[from].get(msg.wrapping_sub(1) as usize).cloned() else {
                         violations.push(format!("{side:?}: message {msg} was never sent"));
                         continue;

@@ -284,6 +284,63 @@ fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
 }
 
 #[test]
+fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
+    let t0 = Instant::now();
+    let config = Config { window: 16, max_payload: 100, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    for token in 1..=3 {
+        a.send(msg(token, 100)).unwrap();
+    }
+    let p = drain(&mut a, t0);
+    assert_eq!(p.len(), 3);
+    deliver(&mut b, t0, &p[0]);
+
+    // Held after seq 1: packets say ack 2 and no SACK, and no pure ACK goes
+    // however much is owed, or the delay runs out.
+    b.hold_acks();
+    assert!(!b.acks_held());
+    deliver(&mut b, t0, &p[2]);
+    deliver(&mut b, t0, &p[1]);
+    assert!(b.acks_held());
+    assert!(b.poll_transmit(t0 + ms(1)).is_none());
+    b.send(msg(10, 50)).unwrap();
+    let reply = drain(&mut b, t0);
+    assert_eq!(reply.len(), 1);
+    assert_eq!((reply[0].header.ack, reply[0].header.sack), (2, 0));
+    deliver(&mut a, t0, &reply[0]);
+    assert_eq!(events(&mut a).iter().filter(|e| matches!(e, Event::Sent { .. })).count(), 1);
+
+    // Released: the acknowledgement that fell due goes, covering all three.
+    b.release_acks();
+    let ack = only_ack(&drain(&mut b, t0 + ms(1)));
+    assert_eq!(ack.header.ack, 4);
+    deliver(&mut a, t0, &ack);
+    assert_eq!(events(&mut a).iter().filter(|e| matches!(e, Event::Sent { .. })).count(), 2);
+}
+
+#[test]
+fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
+    let t0 = Instant::now();
+    let config = Config { window: 16, max_payload: 100, ..Config::default() };
+    let (mut a, mut b) = pair(config, t0);
+    for token in 1..=3 {
+        a.send(msg(token, 100)).unwrap();
+    }
+    let p = drain(&mut a, t0);
+    b.hold_acks();
+    for t in &p {
+        deliver(&mut b, t0, t);
+    }
+    // The owner placed message 1 and refused message 2 (seq 2).
+    b.close_refusing(p[1].header.seq, 7);
+    let out = drain(&mut b, t0);
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].header.kind, out[0].header.status, out[0].header.ack), (Kind::Break, 7, 2));
+    deliver(&mut a, t0, &out[0]);
+    assert_eq!(events(&mut a), [Event::Sent { token: 1 }, Event::Broken(BreakReason::PeerBreak(7))]);
+}
+
+#[test]
 fn sack_spares_received_packets_from_retransmission() {
     let t0 = Instant::now();
     let config = Config { max_payload: 10, ..Config::default() };
@@ -691,6 +748,7 @@ fn rdma_messages_carry_their_fields() {
                 imm: None,
                 first: true,
                 last: true,
+                seq: p[0].header.seq,
                 data: vec![],
             },
             Event::Segment {
@@ -701,6 +759,7 @@ fn rdma_messages_carry_their_fields() {
                 imm: Some(0xfeed),
                 first: true,
                 last: true,
+                seq: p[1].header.seq,
                 data: vec![],
             }
         ]

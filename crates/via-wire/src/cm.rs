@@ -47,6 +47,7 @@ const EP_RDMA_READ: u8 = 2;
 const EP_PAYLOAD_CRC: u8 = 4;
 const EP_ETHERNET: u8 = 8;
 const EP_LARGE_PACKETS: u8 = 16;
+const EP_PLACED_ACKS: u8 = 32;
 const REQ_PEER: u8 = 1;
 
 /// One end of a connection as the CM exchange describes it.
@@ -79,6 +80,12 @@ pub struct CmEndpoint {
     /// segmentation-offload buffer, whose datagrams after the first carry
     /// no header, and put together again by its receive coalescing.
     pub large_packets: bool,
+    /// Whether this end, as the target of an RDMA write on a reliable
+    /// connection, checks and places each packet before any packet of its
+    /// acknowledges it, and refuses a write with a BREAK that does not:
+    /// where both ends say so, the acknowledgement of a write's last packet
+    /// completes it at the initiator, and the target sends no answer.
+    pub placed_acks: bool,
 }
 
 /// A CM message.
@@ -299,6 +306,9 @@ fn put_endpoint(b: &mut Vec<u8>, e: &CmEndpoint) {
     if e.large_packets {
         flags |= EP_LARGE_PACKETS;
     }
+    if e.placed_acks {
+        flags |= EP_PLACED_ACKS;
+    }
     b.push(flags);
     b.extend_from_slice(&e.segment.to_be_bytes());
     if let Some(mac) = e.ether {
@@ -351,7 +361,8 @@ impl<'a> Reader<'a> {
         let reliability = self.u16()?;
         let max_transfer = self.u32()?;
         let flags = self.u8()?;
-        if flags & !(EP_RDMA_WRITE | EP_RDMA_READ | EP_PAYLOAD_CRC | EP_ETHERNET | EP_LARGE_PACKETS) != 0 {
+        let known = EP_RDMA_WRITE | EP_RDMA_READ | EP_PAYLOAD_CRC | EP_ETHERNET | EP_LARGE_PACKETS | EP_PLACED_ACKS;
+        if flags & !known != 0 {
             return Err(WireError::ReservedFlags);
         }
         let segment = self.u32()?;
@@ -371,6 +382,7 @@ impl<'a> Reader<'a> {
             payload_crc: flags & EP_PAYLOAD_CRC != 0,
             ether,
             large_packets: flags & EP_LARGE_PACKETS != 0,
+            placed_acks: flags & EP_PLACED_ACKS != 0,
         })
     }
 }
@@ -392,6 +404,7 @@ mod tests {
             payload_crc: !v6,
             ether: (!v6).then_some([0x02, 0, 0x5e, 1, 2, 3]),
             large_packets: v6,
+            placed_acks: !v6,
         }
     }
 

@@ -508,6 +508,7 @@ mod tests {
             payload_crc: true,
             ether: None,
             large_packets: false,
+            placed_acks: false,
         }
     }
 

@@ -443,6 +443,7 @@ mod tests {
             payload_crc: true,
             ether: None,
             large_packets: false,
+            placed_acks: false,
         }
     }
 

@@ -220,6 +220,7 @@ fn unreachable_host() {
         payload_crc: true,
         ether: None,
         large_packets: false,
+        placed_acks: false,
     };
     let info = encode_endpoint(&ep);
     let t = Instant::now();
@@ -402,6 +403,7 @@ fn cm_port_survives_garbage_and_odd_messages() {
         payload_crc: true,
         ether: None,
         large_packets: false,
+        placed_acks: false,
     };
     // A small deterministic generator keeps the test reproducible.
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;

@@ -208,6 +208,7 @@ fn endpoint(addr: &str, vi: u32) -> CmEndpoint {
         payload_crc: true,
         ether: None,
         large_packets: false,
+        placed_acks: false,
     }
 }
 
