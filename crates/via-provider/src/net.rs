@@ -105,12 +105,27 @@ pub struct NetPort {
     pub(crate) handover: Handover,
     /// The port's token in the helper thread's epoll.
     pub(crate) token: AtomicU64,
+    /// When the sessions' earliest timer is due (ns since `epoch_ns`), for
+    /// the application's polls, which run the timers while they go on.
+    timers_due_ns: AtomicU64,
 }
 
 /// How long after the application's last poll the helper thread takes
-/// the socket over: packets then wait at most this long for someone to
+/// the socket over: packets then wait at least this long for someone to
 /// read them while the application neither polls nor sleeps in a wait.
 pub(crate) const QUIET: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The longest the helper thread leaves between two looks at an
+/// application that keeps polling: each look it finds the application
+/// polling doubles the interval from `QUIET` up to this.  A look is a
+/// wake-up on the application's CPU, if it has only one; this bounds how
+/// long packets wait after the application stops polling, below the
+/// shortest retransmission timeout (1 ms).
+pub(crate) const QUIET_MAX: std::time::Duration = std::time::Duration::from_micros(800);
+
+/// How often, in polls that find nothing, the application's poll reads
+/// the clock to see whether the sessions' timers are due.
+const TIMER_CHECK_POLLS: u32 = 16;
 
 /// The hand-over of a port's sockets between the application and the
 /// helper thread.  The helper thread's epoll reports them once (one-shot),
@@ -124,9 +139,11 @@ pub(crate) struct Handover {
     /// poll reads no clock.  Only a change matters.
     app_polls: AtomicU64,
     /// The count the helper thread saw last, and when it last saw it
-    /// change (ns since `epoch()`); only the helper thread writes these.
+    /// change (ns since `epoch()`), and how long it waits before it looks
+    /// again (0: `QUIET`); only the helper thread writes these.
     seen_polls: AtomicU64,
     seen_change_ns: AtomicU64,
+    interval_ns: AtomicU64,
     /// Application threads asleep in a wait that this port's packets end.
     sleepers: AtomicU32,
     /// Whether the helper thread's epoll will report the socket.
@@ -153,22 +170,43 @@ impl Handover {
         if polls != self.seen_polls.load(Ordering::Relaxed) {
             self.seen_polls.store(polls, Ordering::Relaxed);
             self.seen_change_ns.store(now_ns, Ordering::Relaxed);
+            let longer = (self.interval() * 2).min(QUIET_MAX.as_nanos() as u64);
+            self.interval_ns.store(longer, Ordering::Relaxed);
             return false;
         }
-        now_ns.saturating_sub(self.seen_change_ns.load(Ordering::Relaxed)) >= QUIET.as_nanos() as u64
+        let away = now_ns.saturating_sub(self.seen_change_ns.load(Ordering::Relaxed)) >= QUIET.as_nanos() as u64;
+        if away {
+            self.interval_ns.store(0, Ordering::Relaxed);
+        }
+        away
+    }
+
+    /// Whether the application is polling, as the helper thread last saw
+    /// it: it leaves the sockets and the sessions' timers to it.
+    pub(crate) fn app_polls(&self) -> bool {
+        self.sleepers.load(Ordering::SeqCst) == 0 && !self.armed.load(Ordering::SeqCst)
     }
 
     /// When the helper thread should look again, if it left the socket to
     /// the application (ns since `epoch()`).
     pub(crate) fn look_again_ns(&self) -> u64 {
-        self.seen_change_ns.load(Ordering::Relaxed) + QUIET.as_nanos() as u64
+        self.seen_change_ns.load(Ordering::Relaxed) + self.interval()
+    }
+
+    fn interval(&self) -> u64 {
+        self.interval_ns.load(Ordering::Relaxed).max(QUIET.as_nanos() as u64)
     }
 }
 
 /// Nanoseconds since the first call: the clock of the hand-over.
 pub(crate) fn epoch_ns() -> u64 {
+    ns_since_epoch(Instant::now())
+}
+
+/// `t` on the clock of the hand-over (0 before its start).
+fn ns_since_epoch(t: Instant) -> u64 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    t.saturating_duration_since(*EPOCH.get_or_init(Instant::now)).as_nanos() as u64
 }
 
 /// An application thread asleep on a port: while it exists, the helper
@@ -243,10 +281,12 @@ impl NetPort {
                 owed: OwedAcks::default(),
                 landing: None,
                 frame_slot: 0,
+                idle_polls: 0,
             }),
             counters: nic.counters.clone(),
             handover: Handover::default(),
             token: AtomicU64::new(0),
+            timers_due_ns: AtomicU64::new(0),
         });
         crate::progress::watch_port(&port);
         Ok(port)
@@ -339,6 +379,32 @@ impl NetPort {
         self.poll(false);
     }
 
+    /// A session timer of this port falls due at `deadline`: the
+    /// application's polls run it if they still go on by then, else the
+    /// helper thread does.
+    pub(crate) fn timer_before(&self, deadline: Instant) {
+        let at = ns_since_epoch(deadline);
+        self.timers_due_ns.fetch_min(at, Ordering::Relaxed);
+        if !self.handover.app_polls() {
+            crate::progress::kick_before(deadline);
+        }
+    }
+
+    /// Runs the sessions' timers that are due, on the application's
+    /// thread: while it polls, the helper thread sleeps through them
+    /// rather than wake on its CPU.
+    fn run_due_timers(&self) {
+        let now = Instant::now();
+        if ns_since_epoch(now) < self.timers_due_ns.load(Ordering::Relaxed) {
+            return;
+        }
+        let next = self.service(now).map_or(u64::MAX, ns_since_epoch);
+        // The next look, at the latest QUIET_MAX from now: a timer armed
+        // without `timer_before` is not missed for longer.
+        let soon = ns_since_epoch(now) + QUIET_MAX.as_nanos() as u64;
+        self.timers_due_ns.store(next.min(soon), Ordering::Relaxed);
+    }
+
     /// An application thread is about to sleep until this port's packets
     /// wake it: the helper thread must read the sockets from now on.
     pub(crate) fn sleep(self: &Arc<Self>) -> PortSleep {
@@ -388,6 +454,12 @@ impl NetPort {
         busy |= udp;
         if engine.schedule.unconnected_due(peers_read, busy, engine.peers.is_empty(), everything) {
             busy |= self.drain(engine, self.socket.as_raw_fd());
+        }
+        if !busy && !everything {
+            engine.idle_polls = engine.idle_polls.wrapping_add(1);
+            if engine.idle_polls.is_multiple_of(TIMER_CHECK_POLLS) {
+                self.run_due_timers();
+            }
         }
         // Idle: the data that came has been put where it belongs, so now
         // is the time to acknowledge it (a reply may have done so already).
@@ -694,6 +766,8 @@ struct Engine {
     owed: OwedAcks,
     /// Where the next datagram probably continues a VI's message.
     landing: Option<Landing>,
+    /// The application's polls that found nothing, for `TIMER_CHECK_POLLS`.
+    idle_polls: u32,
 }
 
 /// The socket a large packet came from last, and the VI (`id`) it was for.
@@ -1191,6 +1265,33 @@ impl NetLink {
 mod tests {
     use super::*;
     use via_core::descriptor::LocalSeg;
+
+    #[test]
+    fn the_helper_looks_less_often_while_the_application_polls_and_takes_over_when_it_stops() {
+        let h = Handover::default();
+        let quiet = QUIET.as_nanos() as u64;
+        let max = QUIET_MAX.as_nanos() as u64;
+        let mut now = 1_000_000;
+        let mut intervals = Vec::new();
+        for _ in 0..5 {
+            h.polled();
+            assert!(!h.helper_drains(now), "the application polled since the last look");
+            intervals.push(h.look_again_ns() - now);
+            now = h.look_again_ns();
+        }
+        // From QUIET, doubled at each look, up to QUIET_MAX.
+        assert_eq!(intervals, [2, 4, 8, 16, 32].map(|k| (k * quiet).min(max)));
+        // No poll since: at the next look the helper takes over, and the
+        // interval starts again from QUIET.
+        now = h.look_again_ns();
+        assert!(h.helper_drains(now));
+        assert_eq!(h.look_again_ns() - h.seen_change_ns.load(Ordering::Relaxed), quiet);
+        // A sleeper makes the helper drain however recently the application polled.
+        h.polled();
+        h.sleepers.fetch_add(1, Ordering::SeqCst);
+        assert!(h.helper_drains(now));
+        assert!(!h.app_polls());
+    }
 
     #[test]
     fn scatter_crosses_segment_boundaries() {

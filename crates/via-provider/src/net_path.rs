@@ -5,7 +5,6 @@
 use crate::counters::{Counter, StageTimer};
 use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink};
 use crate::nic::error_code;
-use crate::progress;
 use crate::vi::{reliable, Break, Inbound, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -123,7 +122,7 @@ impl Vi {
         st.flush(link, &mut events);
         timer.stop(&self.nic.counters, Counter::TransferNs, Some(Counter::Transfers));
         if let Some(t) = st.session.poll_timeout() {
-            progress::kick_before(t);
+            link.port.timer_before(t);
         }
         events
     }
@@ -154,6 +153,9 @@ impl Vi {
             st.flush_busy(&link, now, &mut events);
             if !st.session.acks_held() {
                 st.session.release_acks();
+                if let Some(t) = st.session.poll_timeout() {
+                    link.port.timer_before(t);
+                }
                 Some(owed_ack(&st.session, app_away))
             } else {
                 None
@@ -172,6 +174,9 @@ impl Vi {
             let mut st = link.state.lock();
             st.session.release_acks();
             st.flush_busy(&link, crate::clock::now(), &mut more);
+            if let Some(t) = st.session.poll_timeout() {
+                link.port.timer_before(t);
+            }
             owed_ack(&st.session, app_away)
         };
         if !more.is_empty() {
@@ -436,7 +441,7 @@ impl Vi {
             self.bump();
         }
         if let Some(t) = f.deadline {
-            progress::kick_before(t);
+            link.port.timer_before(t);
         }
         if let Some(seq) = f.refused {
             let mut more = NetEvents::new();
