@@ -798,6 +798,11 @@ impl Session {
         if self.closed {
             return;
         }
+        // The DISCONNECT is the last packet: it acknowledges all that
+        // arrived, or a peer's last send, which the application here has
+        // seen complete while another thread still held the acknowledgement,
+        // would fail.
+        self.ack_hold = None;
         self.shut_down();
         self.control = Some(Control::Disconnect);
     }

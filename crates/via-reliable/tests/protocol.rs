@@ -319,6 +319,22 @@ fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
 }
 
 #[test]
+fn a_disconnect_acknowledges_everything_even_while_acks_are_held() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(Config::default(), t0);
+    a.send(msg(1, 100)).unwrap();
+    let p = drain(&mut a, t0);
+    b.hold_acks();
+    deliver(&mut b, t0, &p[0]);
+    b.disconnect();
+    let out = drain(&mut b, t0);
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].header.kind, out[0].header.ack), (Kind::Disconnect, 2));
+    deliver(&mut a, t0, &out[0]);
+    assert_eq!(events(&mut a), [Event::Sent { token: 1 }, Event::Broken(BreakReason::PeerDisconnect)]);
+}
+
+#[test]
 fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
     let t0 = Instant::now();
     let config = Config { window: 16, max_payload: 100, ..Config::default() };
