@@ -183,7 +183,7 @@ impl Handover {
 
     /// Whether the application is polling, as the helper thread last saw
     /// it: it leaves the sockets and the sessions' timers to it.
-    pub(crate) fn app_polls(&self) -> bool {
+    pub(crate) fn app_is_polling(&self) -> bool {
         self.sleepers.load(Ordering::SeqCst) == 0 && !self.armed.load(Ordering::SeqCst)
     }
 
@@ -384,8 +384,12 @@ impl NetPort {
     /// helper thread does.
     pub(crate) fn timer_before(&self, deadline: Instant) {
         let at = ns_since_epoch(deadline);
-        self.timers_due_ns.fetch_min(at, Ordering::Relaxed);
-        if !self.handover.app_polls() {
+        // A read first: most timers are later than the earliest, and a
+        // write would pull the port's line from its other VIs' threads.
+        if at < self.timers_due_ns.load(Ordering::Relaxed) {
+            self.timers_due_ns.fetch_min(at, Ordering::Relaxed);
+        }
+        if !self.handover.app_is_polling() {
             crate::progress::kick_before(deadline);
         }
     }
@@ -1290,7 +1294,7 @@ mod tests {
         h.polled();
         h.sleepers.fetch_add(1, Ordering::SeqCst);
         assert!(h.helper_drains(now));
-        assert!(!h.app_polls());
+        assert!(!h.app_is_polling());
     }
 
     #[test]

@@ -178,7 +178,7 @@ fn service_ports(h: &Helper) -> Option<std::time::Duration> {
         look_again = Some(look_again.map_or(at, |t: Instant| t.min(at)));
     }
     // The sessions' timers of a port the application polls are its polls'.
-    let timers = ports.iter().filter(|p| !p.handover.app_polls()).filter_map(|p| p.service(now));
+    let timers = ports.iter().filter(|p| !p.handover.app_is_polling()).filter_map(|p| p.service(now));
     match timers.chain(look_again).min() {
         None => {
             h.sleep_until.store(u64::MAX, Ordering::Release);

@@ -283,15 +283,21 @@ fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
     assert_eq!((ack.header.kind, ack.header.ack), (Kind::Ack, 3));
 }
 
-#[test]
-fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
-    let t0 = Instant::now();
+/// A pair whose first end has sent three messages of one packet each.
+fn three_one_packet_messages(t0: Instant) -> (Session, Session, Vec<Transmit>) {
     let config = Config { window: 16, max_payload: 100, ..Config::default() };
-    let (mut a, mut b) = pair(config, t0);
+    let (mut a, b) = pair(config, t0);
     for token in 1..=3 {
         a.send(msg(token, 100)).unwrap();
     }
     let p = drain(&mut a, t0);
+    (a, b, p)
+}
+
+#[test]
+fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
+    let t0 = Instant::now();
+    let (mut a, mut b, p) = three_one_packet_messages(t0);
     assert_eq!(p.len(), 3);
     deliver(&mut b, t0, &p[0]);
 
@@ -337,12 +343,7 @@ fn a_disconnect_acknowledges_everything_even_while_acks_are_held() {
 #[test]
 fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
     let t0 = Instant::now();
-    let config = Config { window: 16, max_payload: 100, ..Config::default() };
-    let (mut a, mut b) = pair(config, t0);
-    for token in 1..=3 {
-        a.send(msg(token, 100)).unwrap();
-    }
-    let p = drain(&mut a, t0);
+    let (mut a, mut b, p) = three_one_packet_messages(t0);
     b.hold_acks();
     for t in &p {
         deliver(&mut b, t0, t);
