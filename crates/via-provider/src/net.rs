@@ -38,7 +38,7 @@ use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
 use via_reliable::{BreakReason, Config, Event, Segment, Session};
 use via_wire::frame::{Frame, MAC_LEN};
-use via_wire::{Header, Packet, HEADER_LEN};
+use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
 
 /// Largest UDP payload.
 pub(crate) const MAX_DATAGRAM: usize = 65507;
@@ -491,11 +491,14 @@ impl NetPort {
             let target = engine.landing.as_ref().filter(|l| l.fd == fd).map(|l| (l.id, l.vi.upgrade()));
             if let Some((id, vi)) = target {
                 match vi.and_then(|vi| self.land(engine, fd, id, &vi)) {
-                    Some(true) => {
+                    Some(Landed::Packet) => {
                         any = true;
                         continue;
                     }
-                    Some(false) => return any,
+                    // The application's answer may be waiting on this
+                    // message: no look at the socket before it sees it.
+                    Some(Landed::MessageEnd) => return true,
+                    Some(Landed::Nothing) => return any,
                     None => engine.landing = None,
                 }
             }
@@ -524,15 +527,15 @@ impl NetPort {
     /// message of `vi` (whose id is `id`) continues
     /// (`Vi::receive_in_place`), and hands it on: in place if it is a
     /// whole packet for `vi` and intact, else put together behind its
-    /// header as any other datagram.  `Some(false)` when the socket is
-    /// empty, `None` when `vi` has no message under way.
-    fn land(&self, engine: &mut Engine, fd: RawFd, id: u32, vi: &Vi) -> Option<bool> {
+    /// header as any other datagram.  `None` when `vi` has no message
+    /// under way.
+    fn land(&self, engine: &mut Engine, fd: RawFd, id: u32, vi: &Vi) -> Option<Landed> {
         let batch = &mut engine.batch;
         let max = self.large_payload.min(batch.bufs[0].len() - HEADER_LEN);
         let (got, place, room) =
             vi.receive_in_place(max, |place, room| (batch.receive_beside(fd, place, room), place, room))?;
         if !got {
-            return Some(false);
+            return Some(Landed::Nothing);
         }
         let len = batch.lens[0];
         let payload_len = len.saturating_sub(HEADER_LEN);
@@ -549,7 +552,11 @@ impl NetPort {
             match Header::parse_split(&batch.bufs[0][..HEADER_LEN], payload) {
                 Ok(header) => {
                     self.counters.add(Counter::PacketsInPlace, 1);
+                    let last = header.has(FLAG_LAST);
                     self.deliver(Some(header.dst_vi), &[(header, payload)], &mut engine.owed, false);
+                    if last {
+                        return Some(Landed::MessageEnd);
+                    }
                 }
                 Err(e) => {
                     tracing::debug!("malformed packet: {e}");
@@ -564,7 +571,7 @@ impl NetPort {
             unsafe { std::ptr::copy_nonoverlapping(place, batch.bufs[0][HEADER_LEN..].as_mut_ptr(), moved) };
             self.received(engine, fd, 1);
         }
-        Some(true)
+        Some(Landed::Packet)
     }
 
     /// Hands the frames waiting in the Ethernet side's ring to their VIs.
@@ -772,6 +779,16 @@ struct Engine {
     landing: Option<Landing>,
     /// The application's polls that found nothing, for `TIMER_CHECK_POLLS`.
     idle_polls: u32,
+}
+
+/// What [`NetPort::land`] took from the socket.
+enum Landed {
+    /// Nothing: the socket is empty.
+    Nothing,
+    /// A packet, which did not end a message in place.
+    Packet,
+    /// The packet that ends the message it was placed for.
+    MessageEnd,
 }
 
 /// The socket a large packet came from last, and the VI (`id`) it was for.
