@@ -369,10 +369,12 @@ static void client(side_t *s, int fd)
     vt_disc(disc, sizeof disc, "cq-x");
     vt_connect(s->nic, s->x, disc);
     /* The server's CQ inboxes are mapped once for all 129 connections,
-     * next to this NIC's own; the memory registry the server publishes
-     * after them, read-only. */
+     * next to this NIC's own; so is the memory registry the server
+     * publishes, read-only, next to this NIC's own. */
     CHECK_EQ(2, mappings_of("memfd:openvia-inbox", "rw-s"));
-    CHECK_EQ(1, mappings_of("memfd:openvia-inbox", "r--s"));
+    CHECK_EQ(0, mappings_of("memfd:openvia-inbox", "r--s"));
+    CHECK_EQ(1, mappings_of("memfd:openvia-registry", "rw-s"));
+    CHECK_EQ(1, mappings_of("memfd:openvia-registry", "r--s"));
 
     uint32_t rng = 12345;
     VIP_VI_HANDLE vi;

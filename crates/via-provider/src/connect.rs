@@ -2,27 +2,33 @@
 //!
 //! `viad` introduces the two processes and hands both the connection
 //! segment and a socket pair.  Each side then maps the segment, publishes
-//! the receives it has already posted, and says `Ready` with its endpoint;
-//! only then may the other side send, so that pre-posted receives are never
-//! missed.  The server answers the client's `Ready` with `Accept` or
-//! `Reject`; peers just exchange `Ready`.
+//! the receives it has already posted, and says `Ready` with its endpoint
+//! and its registry table; only then may the other side send, so that
+//! pre-posted receives are never missed.  The server answers the client's
+//! `Ready` with `Accept` or `Reject`; peers just exchange `Ready`.  Who the
+//! peer is comes from the kernel with its first message
+//! ([`crate::peer_channel`]), and a peer that does not say `Ready` within
+//! [`HANDSHAKE`] is dropped, so a listener goes on to the next request.
 
 use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
 use crate::net::{NetLink, NetPort};
 use crate::nic::Nic;
+use crate::peer_channel::{self, Sender};
 use crate::provider;
 use crate::timeout::Deadline;
 use crate::tuning::tuning;
 use crate::vi::{Vi, ViState};
 use parking_lot::Mutex;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 use via_core::consts::SERVICE_UNRELIABLE;
 use via_core::error::{ViaError, ViaResult};
 use via_shm::conn::{ConnSegment, Side, CONN_SEGMENT_BYTES};
 use via_shm::inbox::Inbox;
 use via_shm::region::SharedRegion;
+use via_shm::table::TableSegment;
 use via_wire::cm::CmEndpoint;
 use viad::client::{self, AgentError, ConnFds, Request};
 
@@ -34,6 +40,11 @@ pub struct Conn {
     pub socket: OwnedFd,
     /// The peer's CQ inboxes, mapped once for all connections to that peer.
     pub peer_inbox: Arc<Inbox>,
+    /// The peer's registry table, mapped read-only, once per peer.
+    pub peer_table: Arc<TableSegment>,
+    /// The peer process as the kernel names it: the only process that
+    /// cross-memory copies of this connection target.
+    pub peer_pid: i32,
     /// The peer's endpoint.
     pub peer: Endpoint,
     /// The helper thread's token for this connection (0: not watched).
@@ -45,7 +56,7 @@ pub struct Conn {
 impl Conn {
     /// Sends a control message to the peer; a dead peer is not an error here.
     pub fn tell(&self, msg: PeerMessage) {
-        let _ = send_msg(&self.socket, &msg);
+        let _ = peer_channel::send(self.socket.as_fd(), &msg, None);
     }
 }
 
@@ -65,7 +76,7 @@ pub struct PendingConn {
 /// How a pending request is answered: on its socket pair (same host) or
 /// through the host agent (another host).
 enum Answer {
-    Local(Parts),
+    Local(Parts, Introduction),
     Remote { responder: client::Responder, endpoint: CmEndpoint },
 }
 
@@ -81,6 +92,33 @@ struct Parts {
     peer_inbox: Arc<Inbox>,
 }
 
+/// What the peer's `Ready` or `Accept` established: who it is (the
+/// kernel's word) and its registry table.
+struct Introduction {
+    sender: Sender,
+    table: Arc<TableSegment>,
+}
+
+/// How long a peer may take to say `Ready` once `viad` has matched it.
+/// An honest peer takes milliseconds; a listener waits no longer for one
+/// that does not, and goes on to the next request.
+pub const HANDSHAKE: Duration = Duration::from_secs(2);
+
+impl Parts {
+    fn into_conn(self, intro: Introduction, peer: Endpoint, vi: &Vi) -> Conn {
+        Conn {
+            seg: self.seg,
+            socket: self.socket,
+            peer_inbox: self.peer_inbox,
+            peer_table: intro.table,
+            peer_pid: intro.sender.pid,
+            peer,
+            token: Default::default(),
+            counters: vi.nic.counters.clone(),
+        }
+    }
+}
+
 fn agent_error(e: AgentError) -> ViaError {
     match e {
         AgentError::NoMatch => ViaError::NoMatch,
@@ -94,57 +132,28 @@ fn agent_error(e: AgentError) -> ViaError {
     }
 }
 
-fn send_msg(socket: &OwnedFd, msg: &PeerMessage) -> std::io::Result<()> {
-    let bytes = msg.encode();
-    // SAFETY: plain send on a socket we own.
-    let n = unsafe {
-        libc::send(socket.as_raw_fd(), bytes.as_ptr() as *const libc::c_void, bytes.len(), libc::MSG_NOSIGNAL)
+/// Says `Ready` or `Accept`: the endpoint, with this NIC's registry table.
+fn introduce(socket: &OwnedFd, msg: PeerMessage, vi: &Vi) -> std::io::Result<()> {
+    peer_channel::send(socket.as_fd(), &msg, Some(vi.nic.table.fd()))
+}
+
+/// Waits for the peer's introduction (`Ready` or `Accept`), or another
+/// message.  `Ok(None)` on timeout; an introduction without the kernel's
+/// word on its sender, or without a table that maps, is an error.
+fn introduction(socket: &OwnedFd, deadline: &Deadline) -> std::io::Result<Option<(PeerMessage, Option<Introduction>)>> {
+    let Some(got) = peer_channel::recv(socket.as_fd(), deadline)? else {
+        return Ok(None);
     };
-    if n == bytes.len() as isize {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Receives one message, waiting up to the deadline.  `Ok(None)` on timeout;
-/// a closed socket or garbage is an error.
-pub(crate) fn recv_msg(socket: &OwnedFd, deadline: &Deadline) -> std::io::Result<Option<PeerMessage>> {
-    loop {
-        let ms = deadline.remaining().map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
-        let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+    let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
+    match got.msg {
+        PeerMessage::Ready(_) | PeerMessage::Accept(_) => {
+            let sender = got.sender.ok_or_else(|| refused("no credentials from the peer"))?;
+            let fd = got.fd.ok_or_else(|| refused("no registry table from the peer"))?;
+            let table = provider().peer_tables.map(fd, TableSegment::map)?;
+            Ok(Some((got.msg, Some(Introduction { sender, table }))))
         }
-        if r == 0 {
-            return Ok(None);
-        }
-        return read_msg(socket);
+        other => Ok(Some((other, None))),
     }
-}
-
-/// Reads one message that poll said is there.
-pub(crate) fn read_msg(socket: &OwnedFd) -> std::io::Result<Option<PeerMessage>> {
-    let mut buf = [0u8; 128];
-    // SAFETY: reading into a local buffer.
-    let n =
-        unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), libc::MSG_DONTWAIT) };
-    if n < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.kind() == std::io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
-    }
-    if n == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    PeerMessage::decode(&buf[..n as usize])
-        .map(Some)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed peer message"))
 }
 
 fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
@@ -152,27 +161,35 @@ fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
         tracing::warn!("cannot map the connection's {what}: {e}");
         ViaError::Resource
     };
-    let region = SharedRegion::map(fds.segment).map_err(|e| fail("segment", &e))?;
+    // Before anything can arrive on it: the kernel names every sender.
+    peer_channel::expect_credentials(fds.socket.as_fd()).map_err(|e| fail("socket", &e))?;
+    let region = SharedRegion::map_exact(fds.segment, CONN_SEGMENT_BYTES).map_err(|e| fail("segment", &e))?;
     let seg = ConnSegment::new(region, side).map_err(|e| fail("segment", &e))?;
-    let peer_inbox = provider().peer_inboxes.map(fds.peer_inbox).map_err(|e| fail("peer inbox", &e))?;
+    let peer_inbox = provider().peer_inboxes.map(fds.peer_inbox, Inbox::map).map_err(|e| fail("peer inbox", &e))?;
     Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_inbox })
 }
 
-/// The inbox segments of the peer processes this process is connected to,
-/// each mapped once however many connections lead to its owner.  One
-/// mapping per connection would cost each connection the segment's page
-/// tables, and completions pushed through 128 VIs would go through 128
-/// addresses of the same pages, one TLB entry each.
-#[derive(Default)]
-pub struct PeerInboxes(Mutex<Vec<(FileIdentity, Weak<Inbox>)>>);
+/// The segments of the peer processes this process is connected to (their
+/// inboxes, their registry tables), each mapped once however many
+/// connections lead to its owner.  One mapping per connection would cost
+/// each connection the segment's page tables, and completions pushed
+/// through 128 VIs would go through 128 addresses of the same pages, one
+/// TLB entry each.
+pub struct PeerMappings<T>(Mutex<Vec<(FileIdentity, Weak<T>)>>);
+
+impl<T> Default for PeerMappings<T> {
+    fn default() -> Self {
+        PeerMappings(Mutex::new(Vec::new()))
+    }
+}
 
 /// A file's device and inode.
 type FileIdentity = (u64, u64);
 
-impl PeerInboxes {
-    /// The mapping of the inbox segment behind `fd`: the one this process
-    /// has if it is still in use, else a new one.
-    fn map(&self, fd: OwnedFd) -> std::io::Result<Arc<Inbox>> {
+impl<T> PeerMappings<T> {
+    /// The mapping of the segment behind `fd`: the one this process has if
+    /// it is still in use, else a new one made by `map`.
+    fn map(&self, fd: OwnedFd, map: impl FnOnce(OwnedFd) -> std::io::Result<T>) -> std::io::Result<Arc<T>> {
         // A live mapping holds its fd open, so its inode cannot be reused.
         let id = SharedRegion::file_identity(fd.as_fd())?;
         let mut mapped = self.0.lock();
@@ -180,9 +197,9 @@ impl PeerInboxes {
         if let Some(inbox) = mapped.iter().find(|(known, _)| *known == id).and_then(|(_, inbox)| inbox.upgrade()) {
             return Ok(inbox);
         }
-        let inbox = Arc::new(Inbox::map(fd)?);
-        mapped.push((id, Arc::downgrade(&inbox)));
-        Ok(inbox)
+        let segment = Arc::new(map(fd)?);
+        mapped.push((id, Arc::downgrade(&segment)));
+        Ok(segment)
     }
 }
 
@@ -212,10 +229,13 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
             client::Transport::Local(fds) => {
                 let parts = map_parts(fds, Side::B)?;
                 // The client says Ready once its receives are published.
-                match recv_msg(&parts.socket, &deadline) {
-                    Ok(Some(PeerMessage::Ready(peer))) => (peer, Answer::Local(parts)),
-                    Ok(None) => return Err(ViaError::Timeout),
-                    // A client that vanished during the handshake: wait for the next one.
+                let handshake =
+                    Deadline::after_ms(deadline.next_sleep(HANDSHAKE).as_millis().min(u128::from(u64::MAX - 1)) as u64);
+                match introduction(&parts.socket, &handshake) {
+                    Ok(Some((PeerMessage::Ready(peer), Some(intro)))) => (peer, Answer::Local(parts, intro)),
+                    Ok(None) if deadline.passed() => return Err(ViaError::Timeout),
+                    // A client that vanished, lied or dawdled during the
+                    // handshake: wait for the next one.
                     _ => continue,
                 }
             }
@@ -257,17 +277,10 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
     let answer = pending.parts.lock().take().ok_or(ViaError::InvalidParameter)?;
     provider().conns.remove(conn);
     match answer {
-        Answer::Local(parts) => {
+        Answer::Local(parts, intro) => {
             vi.attach_segment(parts.seg.clone())?;
-            let conn = Arc::new(Conn {
-                seg: parts.seg,
-                socket: parts.socket,
-                peer_inbox: parts.peer_inbox,
-                peer: pending.peer,
-                token: Default::default(),
-                counters: vi.nic.counters.clone(),
-            });
-            if send_msg(&conn.socket, &PeerMessage::Accept(vi.endpoint())).is_err() {
+            let conn = Arc::new(parts.into_conn(intro, pending.peer, vi));
+            if introduce(&conn.socket, PeerMessage::Accept(vi.endpoint()), vi).is_err() {
                 vi.detach_segment();
                 return Err(ViaError::Timeout);
             }
@@ -293,8 +306,8 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
 pub fn reject(conn: Handle) -> ViaResult<()> {
     let pending = provider().conns.remove(conn).ok_or(ViaError::InvalidParameter)?;
     match pending.parts.lock().take() {
-        Some(Answer::Local(parts)) => {
-            let _ = send_msg(&parts.socket, &PeerMessage::Reject);
+        Some(Answer::Local(parts, _)) => {
+            let _ = peer_channel::send(parts.socket.as_fd(), &PeerMessage::Reject, None);
         }
         Some(Answer::Remote { responder, .. }) => {
             let _ = responder.reject();
@@ -309,7 +322,7 @@ pub fn reject(conn: Handle) -> ViaResult<()> {
 /// without an IPv4 address have no port: they connect on this host only.
 fn net_identity(vi: &Vi, remote_host: &[u8]) -> ViaResult<(Arc<NetPort>, u64, Vec<u8>)> {
     let port = vi.nic.port()?;
-    let key = random_key();
+    let key = random_key()?;
     let a = vi.attrs();
     let endpoint = CmEndpoint {
         addr: port.local_for(remote_host)?,
@@ -357,7 +370,6 @@ fn net_link(vi: &Vi, port: Arc<NetPort>, key: u64, remote: &CmEndpoint) -> Arc<N
 /// A remote endpoint as the VI attributes report it.
 fn endpoint_of(e: &CmEndpoint) -> Endpoint {
     Endpoint {
-        pid: 0,
         vi: e.vi as u64,
         recv_cq: crate::endpoint::NO_CQ,
         reliability: e.reliability,
@@ -368,16 +380,22 @@ fn endpoint_of(e: &CmEndpoint) -> Endpoint {
     }
 }
 
-fn random_key() -> u64 {
+/// A connection key from the OS random source: a key anyone could guess
+/// would let them inject packets, so without one there is no connection.
+fn random_key() -> ViaResult<u64> {
     let mut key = 0u64;
-    // SAFETY: getrandom into a local u64.
-    let n = unsafe { libc::getrandom(&mut key as *mut u64 as *mut libc::c_void, 8, 0) };
-    if n != 8 {
-        // Not cryptographic, but never the same twice in a process.
-        key = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-            ^ ((std::process::id() as u64) << 32);
+    loop {
+        // SAFETY: getrandom into a local u64.
+        let n = unsafe { libc::getrandom(&mut key as *mut u64 as *mut libc::c_void, 8, 0) };
+        match n {
+            8 => return Ok(key | 1),
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => {
+                tracing::warn!("no connection key: the OS random source failed: {}", std::io::Error::last_os_error());
+                return Err(ViaError::Resource);
+            }
+        }
     }
-    key | 1
 }
 
 fn request<'a>(vi: &'a Vi, remote: &'a NetAddress, local: &'a NetAddress, info: &'a [u8]) -> Request<'a> {
@@ -413,23 +431,16 @@ fn abort(vi: &Vi) {
 fn shm_handshake(vi: &Vi, fds: ConnFds, side: Side, deadline: &Deadline, peer_model: bool) -> ViaResult<Arc<Conn>> {
     let parts = map_parts(fds, side)?;
     vi.attach_segment(parts.seg.clone())?;
-    send_msg(&parts.socket, &PeerMessage::Ready(vi.endpoint())).map_err(|_| ViaError::Timeout)?;
-    let peer = match recv_msg(&parts.socket, deadline) {
-        Ok(Some(PeerMessage::Accept(peer))) if !peer_model => peer,
-        Ok(Some(PeerMessage::Ready(peer))) if peer_model => peer,
-        Ok(Some(PeerMessage::Reject)) => return Err(ViaError::Reject),
+    introduce(&parts.socket, PeerMessage::Ready(vi.endpoint()), vi).map_err(|_| ViaError::Timeout)?;
+    let (peer, intro) = match introduction(&parts.socket, deadline) {
+        Ok(Some((PeerMessage::Accept(peer), Some(intro)))) if !peer_model => (peer, intro),
+        Ok(Some((PeerMessage::Ready(peer), Some(intro)))) if peer_model => (peer, intro),
+        Ok(Some((PeerMessage::Reject, _))) => return Err(ViaError::Reject),
         Ok(None) => return Err(ViaError::Timeout),
         _ if peer_model => return Err(ViaError::Timeout),
         _ => return Err(ViaError::Reject),
     };
-    Ok(Arc::new(Conn {
-        seg: parts.seg,
-        socket: parts.socket,
-        peer_inbox: parts.peer_inbox,
-        peer,
-        token: Default::default(),
-        counters: vi.nic.counters.clone(),
-    }))
+    Ok(Arc::new(parts.into_conn(intro, peer, vi)))
 }
 
 /// Runs one rendezvous (client-server or peer) to a linked connection.

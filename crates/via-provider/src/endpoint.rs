@@ -1,11 +1,13 @@
 //! What one side of a connection tells the other, and the messages the two
 //! exchange on their socket pair once `viad` has introduced them.
+//!
+//! Everything here is the peer's claim.  Who the peer is (its pid, for
+//! cross-memory attach) is not: the kernel says that
+//! ([`crate::peer_channel`]).
 
 /// A connection endpoint as its peer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Endpoint {
-    /// Process id, for cross-memory attach.
-    pub pid: u32,
     /// The VI handle, echoed back in CQ inbox entries.
     pub vi: u64,
     /// Inbox index of the VI's receive CQ, or `NO_CQ`.
@@ -24,11 +26,10 @@ pub struct Endpoint {
 
 /// `recv_cq` value of a VI without a receive CQ.
 pub const NO_CQ: u32 = u32::MAX;
-const ENDPOINT_BYTES: usize = 4 + 8 + 4 + 2 + 8 + 1 + 1 + 4;
+const ENDPOINT_BYTES: usize = 8 + 4 + 2 + 8 + 1 + 1 + 4;
 
 impl Endpoint {
     fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.pid.to_le_bytes());
         out.extend_from_slice(&self.vi.to_le_bytes());
         out.extend_from_slice(&self.recv_cq.to_le_bytes());
         out.extend_from_slice(&self.reliability.to_le_bytes());
@@ -51,7 +52,6 @@ impl Endpoint {
         let u32_ = |s: &[u8]| u32::from_le_bytes(s.try_into().unwrap());
         let u64_ = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap());
         Some(Endpoint {
-            pid: u32_(take(4)),
             vi: u64_(take(8)),
             recv_cq: u32_(take(4)),
             reliability: u16::from_le_bytes(take(2).try_into().unwrap()),
@@ -74,7 +74,8 @@ pub enum PeerMessage {
     Reject,
     /// Orderly disconnect.
     Disconnect,
-    /// The sender broke the connection; the code is a `VIP_ERROR_CODE` for the receiver.
+    /// The sender broke the connection; the code is a `VIP_ERROR_CODE` for
+    /// the receiver, one of the specification's (checked when decoded).
     Break(u32),
 }
 
@@ -109,7 +110,11 @@ impl PeerMessage {
             2 => Endpoint::decode(rest).map(PeerMessage::Accept),
             3 if rest.is_empty() => Some(PeerMessage::Reject),
             4 if rest.is_empty() => Some(PeerMessage::Disconnect),
-            5 if rest.len() == 4 => Some(PeerMessage::Break(u32::from_le_bytes(rest.try_into().unwrap()))),
+            5 if rest.len() == 4 => {
+                let code = u32::from_le_bytes(rest.try_into().ok()?);
+                // The code reaches the application's error callback.
+                (code <= crate::nic::error_code::CATASTROPHIC).then_some(PeerMessage::Break(code))
+            }
             _ => None,
         }
     }
@@ -122,7 +127,6 @@ mod tests {
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
         let e = Endpoint {
-            pid: 9,
             vi: 1 << 60,
             recv_cq: 3,
             reliability: 2,
@@ -143,6 +147,10 @@ mod tests {
         assert_eq!(PeerMessage::decode(&[]), None);
         assert_eq!(PeerMessage::decode(&[1, 2, 3]), None);
         assert_eq!(PeerMessage::decode(&[9]), None);
+        // Only the specification's error codes.
+        assert_eq!(PeerMessage::decode(&PeerMessage::Break(10).encode()), Some(PeerMessage::Break(10)));
+        assert_eq!(PeerMessage::decode(&PeerMessage::Break(11).encode()), None);
+        assert_eq!(PeerMessage::decode(&PeerMessage::Break(3_735_928_559).encode()), None);
         let mut long = PeerMessage::Reject.encode();
         long.push(0);
         assert_eq!(PeerMessage::decode(&long), None);

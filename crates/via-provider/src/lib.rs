@@ -22,6 +22,7 @@ mod net_batch;
 mod net_path;
 mod net_send;
 pub mod nic;
+pub mod peer_channel;
 mod peer_socket;
 pub mod progress;
 mod queue_lock;
@@ -53,7 +54,9 @@ pub struct Provider {
     /// Connection requests returned by `VipConnectWait` and not yet answered.
     pub conns: Table<connect::PendingConn>,
     /// The inbox segments of connected peer processes.
-    pub peer_inboxes: connect::PeerInboxes,
+    pub peer_inboxes: connect::PeerMappings<via_shm::Inbox>,
+    /// The registry tables of connected peer processes (read-only).
+    pub peer_tables: connect::PeerMappings<via_shm::TableSegment>,
 }
 
 /// The process-wide provider.
@@ -66,5 +69,6 @@ pub fn provider() -> &'static Provider {
         cqs: Table::new(Kind::Cq, 4 * via_core::consts::limits::MAX_CQ as u32),
         conns: Table::new(Kind::Conn, 4096),
         peer_inboxes: Default::default(),
+        peer_tables: Default::default(),
     })
 }

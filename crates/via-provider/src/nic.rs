@@ -8,10 +8,11 @@ use std::sync::Arc;
 use via_core::consts::limits;
 use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{Registry, TABLE_BYTES};
-use via_shm::inbox::{Inbox, INBOXES, PUBLISHED_TABLE_BYTES};
+use via_shm::inbox::{Inbox, INBOXES};
+use via_shm::table::{TableSegment, TABLE_SEGMENT_BYTES};
 
-// The registry's table lives in the inbox segment's published table.
-const _: () = assert!(TABLE_BYTES <= PUBLISHED_TABLE_BYTES);
+// The registry's table lives in the table segment that peers map read-only.
+const _: () = assert!(TABLE_BYTES <= TABLE_SEGMENT_BYTES);
 
 /// An asynchronous error, as `VIP_ERROR_DESCRIPTOR` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,10 +65,12 @@ pub struct Nic {
     /// The device, as the host agent resolved it.
     pub device: viad::client::DeviceInfo,
     _session: viad::client::Session,
-    /// Registered memory, its table published in `inbox`.
+    /// Registered memory, its table published in `table`.
     pub registry: Registry,
-    /// Completion-queue inboxes and the registry's table, shared with peers.
+    /// Completion-queue inboxes, shared with peers (who push into them).
     pub inbox: Inbox,
+    /// The registry's table, shared read-only with peers.
+    pub table: TableSegment,
     cq_slots: Mutex<Vec<bool>>,
     next_ptag: AtomicU32,
     /// Live protection tags.
@@ -111,11 +114,12 @@ impl Nic {
             }
         })?;
         let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
-        // SAFETY: the inbox's published table is zeroed, page aligned,
-        // large enough (the assertion at the top of this file), written
+        let table = TableSegment::create().map_err(|_| ViaError::Resource)?;
+        // SAFETY: the table segment is zeroed, page aligned, large enough
+        // (the assertion at the top of this file), writable here, written
         // only through this registry, and outlives it: `registry` is
-        // declared, so dropped, before `inbox`.
-        let registry = unsafe { Registry::in_table(inbox.published_table()) };
+        // declared, so dropped, before `table`.
+        let registry = unsafe { Registry::in_table(table.as_ptr()) };
         let pin = std::env::var("VIA_PIN_MEMORY").is_ok_and(|v| v == "1");
         let send_engine = crate::doorbell::SendEngine::start().map_err(|e| {
             tracing::warn!("cannot start the send engine: {e}");
@@ -130,6 +134,7 @@ impl Nic {
                     _session: session,
                     registry,
                     inbox,
+                    table,
                     cq_slots: Mutex::new(vec![false; INBOXES]),
                     next_ptag: AtomicU32::new(1),
                     ptag_count: AtomicUsize::new(0),

@@ -7,7 +7,7 @@
 //! (acknowledgements, retransmissions, keep-alives); and the application's
 //! error callbacks, which it runs outside any provider lock.
 
-use crate::connect::{read_msg, Conn};
+use crate::connect::Conn;
 use crate::endpoint::PeerMessage;
 use crate::handles::Handle;
 use crate::net::NetPort;
@@ -15,7 +15,7 @@ use crate::nic::error_code;
 use crate::Vi;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
@@ -254,7 +254,7 @@ fn connection_event(h: &Helper, token: u64) {
     let entry = h.watched.lock().get(&token).cloned();
     let Some((vi, conn)) = entry else { return };
     let Some(conn) = conn.upgrade() else { return };
-    let code = match read_msg(&conn.socket) {
+    let code = match crate::peer_channel::read(conn.socket.as_fd()).map(|m| m.map(|m| m.msg)) {
         Ok(Some(PeerMessage::Break(code))) => Some(code),
         Ok(Some(PeerMessage::Disconnect)) => Some(error_code::CONN_LOST),
         Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Some(error_code::CONN_LOST),

@@ -346,7 +346,6 @@ impl Vi {
     pub(crate) fn endpoint(&self) -> Endpoint {
         let a = self.attrs();
         Endpoint {
-            pid: std::process::id(),
             vi: self.handle,
             // CQ2: the peer has no entry to write for us.
             recv_cq: match (&self.recv_cq, tuning().cq) {
@@ -455,7 +454,7 @@ impl Vi {
     pub(crate) fn connected(&self, conn: Arc<Conn>) {
         let _r = self.recv.lock();
         let mut s = self.send.lock();
-        cma::allow_peer(conn.peer.pid as i32);
+        cma::allow_peer(conn.peer_pid);
         s.conn = Some(conn.clone());
         self.set_state(ViState::Connected);
         self.nic.counters.add(Counter::Connects, 1);
@@ -994,7 +993,7 @@ fn execute(
             }
             if wr.total > 0 {
                 let remote = [(addr, wr.total as usize)];
-                if cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote).is_err() {
+                if cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &remote).is_err() {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
             }
@@ -1017,7 +1016,7 @@ fn execute(
             }
             if wr.total > 0 {
                 let remote = [(addr, wr.total as usize)];
-                if cma::read_remote(conn.peer.pid as i32, &mut local_slices_mut(&wr.segs), &remote).is_err() {
+                if cma::read_remote(conn.peer_pid, &mut local_slices_mut(&wr.segs), &remote).is_err() {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 }
                 tally.add(Counter::CmaCopies, 1);
@@ -1092,7 +1091,7 @@ fn deliver(
             })
             .collect();
         tally.add(Counter::CmaCopies, 1);
-        match cma::write_remote(conn.peer.pid as i32, &local_slices(&wr.segs), &remote) {
+        match cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &remote) {
             Ok(n) if n as u64 == total => {}
             _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
         }
@@ -1119,9 +1118,9 @@ fn remote_allows(conn: &Conn, addr: u64, handle: u32, len: u64, write: bool) -> 
     if (write && !peer.rdma_write) || (!write && !peer.rdma_read) {
         return false;
     }
-    // SAFETY: the table is PUBLISHED_TABLE_BYTES >= TABLE_BYTES, page
-    // aligned, inside the peer's inbox segment, mapped while `conn` lives.
-    let table = unsafe { PublishedTable::new(conn.peer_inbox.published_table()) };
+    // SAFETY: the table is TABLE_SEGMENT_BYTES >= TABLE_BYTES (nic.rs
+    // asserts it), page aligned, mapped read-only while `conn` lives.
+    let table = unsafe { PublishedTable::new(conn.peer_table.as_ptr()) };
     let Some(region) = table.lookup(handle) else {
         return false;
     };

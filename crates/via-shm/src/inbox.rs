@@ -1,9 +1,8 @@
 //! The per-process completion-queue inbox segment: one bounded queue of u64
 //! entries per CQ index, pushed by any process (multi-producer, lock-free)
-//! and popped by the owner.  After the queues, the segment holds a table
-//! the owner publishes to the same processes, which they map read-only:
-//! the memory registry's, so that they check an RDMA request against it
-//! without a system call.
+//! and popped by the owner.  Only queues live here: what peers may only
+//! read (the registry's table) has a segment of its own
+//! ([`crate::table`]), since every holder of this fd may map it writable.
 //!
 //! Each queue is Vyukov's bounded MPMC queue: every cell carries a sequence
 //! number telling producers and the consumer whose turn it is.  Cell `i`
@@ -42,17 +41,13 @@ struct Cell {
 
 const CTL_BYTES: usize = size_of::<InboxCtl>();
 const QUEUE_BYTES: usize = CTL_BYTES + INBOX_ENTRIES * size_of::<Cell>();
-/// Where the published table starts: after the queues, on a page of its own.
-const TABLE_OFFSET: usize = INBOXES * QUEUE_BYTES;
-/// Bytes of the published table (the memory registry's table fits).
-pub const PUBLISHED_TABLE_BYTES: usize = 2 << 20;
 /// Size of an inbox segment.
-pub const INBOX_SEGMENT_BYTES: usize = TABLE_OFFSET + PUBLISHED_TABLE_BYTES;
+pub const INBOX_SEGMENT_BYTES: usize = INBOXES * QUEUE_BYTES;
 /// Bound on a producer's retries against a segment that keeps changing.
 const PUSH_RETRIES: usize = 1 << 20;
 
 const _: () = assert!(INBOX_ENTRIES.is_power_of_two() && QUEUE_BYTES.is_multiple_of(64));
-const _: () = assert!(TABLE_OFFSET.is_multiple_of(4096) && PUBLISHED_TABLE_BYTES.is_multiple_of(4096));
+const _: () = assert!(INBOX_SEGMENT_BYTES.is_multiple_of(4096));
 
 /// A mapped inbox segment, as its owner or as a producer.
 pub struct Inbox {
@@ -67,16 +62,11 @@ impl Inbox {
         Self::wrap(SharedRegion::create("openvia-inbox", INBOX_SEGMENT_BYTES)?)
     }
 
-    /// Maps a segment received from its owner (to push into it), its
-    /// published table read-only.
+    /// Maps a segment received from its owner (to push into it); anything
+    /// but a sealed memfd of exactly [`INBOX_SEGMENT_BYTES`] is refused
+    /// before it is mapped.
     pub fn map(fd: OwnedFd) -> io::Result<Inbox> {
-        let inbox = Self::wrap(SharedRegion::map(fd)?)?;
-        // SAFETY: the table is a page-aligned range inside the mapping;
-        // nothing of this process writes it.
-        if unsafe { libc::mprotect(inbox.published_table().cast(), PUBLISHED_TABLE_BYTES, libc::PROT_READ) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(inbox)
+        Self::wrap(SharedRegion::map_exact(fd, INBOX_SEGMENT_BYTES)?)
     }
 
     fn wrap(region: SharedRegion) -> io::Result<Inbox> {
@@ -90,14 +80,6 @@ impl Inbox {
     /// The memfd, to hand to producers.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.region.fd()
-    }
-
-    /// The published table: `PUBLISHED_TABLE_BYTES`, page aligned, zeroed
-    /// when the segment is created.  The owner writes it; a producer's
-    /// mapping is read-only and sees the owner's writes as they happen.
-    pub fn published_table(&self) -> *mut u8 {
-        // SAFETY: the table lies inside the checked region.
-        unsafe { self.region.as_ptr().add(TABLE_OFFSET) }
     }
 
     fn ctl(&self, index: usize) -> Option<&InboxCtl> {
@@ -290,31 +272,13 @@ mod tests {
     }
 
     #[test]
-    fn producers_see_the_published_table_read_only() {
+    fn a_segment_of_another_size_is_refused() {
+        let big = SharedRegion::create("t", INBOX_SEGMENT_BYTES + 4096).unwrap();
+        assert!(Inbox::map(big.fd().try_clone_to_owned().unwrap()).is_err());
         let owner = Inbox::create().unwrap();
         let producer = Inbox::map(owner.fd().try_clone_to_owned().unwrap()).unwrap();
-        // SAFETY: both pointers are inside the tables of live mappings.
-        unsafe {
-            owner.published_table().add(PUBLISHED_TABLE_BYTES - 8).cast::<u64>().write_volatile(0x5eed);
-            assert_eq!(producer.published_table().add(PUBLISHED_TABLE_BYTES - 8).cast::<u64>().read_volatile(), 0x5eed);
-        }
-        let perms = |at: *mut u8| mapping_permissions(at as usize).unwrap();
-        assert_eq!(&perms(producer.published_table())[..2], "r-");
-        assert_eq!(&perms(owner.published_table())[..2], "rw");
-        // The producer's queues stay writable.
-        assert_eq!(&perms(producer.region.as_ptr())[..2], "rw");
         assert!(producer.push(0, 9));
         assert_eq!(owner.pop(0), Some(9));
-    }
-
-    /// The permissions (`rw-s` and the like) of the mapping holding `addr`.
-    fn mapping_permissions(addr: usize) -> Option<String> {
-        std::fs::read_to_string("/proc/self/maps").unwrap().lines().find_map(|line| {
-            let (range, rest) = line.split_once(' ')?;
-            let (start, end) = range.split_once('-')?;
-            let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
-            (start <= addr && addr < end).then(|| rest[..4].to_string())
-        })
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! This crate is mechanism only; the provider decides policy.  It offers
 //! memfd-backed [`SharedRegion`]s, shared futexes, cross-memory attach
 //! ([`cma`]), the per-connection [`ConnSegment`] (two [`Ring`]s and two
-//! [`RecvCache`]s) and the per-process completion-queue [`Inbox`].
+//! [`RecvCache`]s) the per-process completion-queue [`Inbox`] and the registry's
+//! [`TableSegment`].
 //!
 //! Memory shared with another process is untrusted: every index, length,
 //! count and kind read from it is validated before use, so a lying peer can
@@ -23,6 +24,7 @@ pub mod recv;
 pub mod region;
 pub mod ring;
 pub mod stats;
+pub mod table;
 
 pub use conn::{ConnSegment, Side, CONN_SEGMENT_BYTES, CONN_VERSION};
 pub use error::ShmError;
@@ -31,3 +33,4 @@ pub use inbox::{Inbox, INBOXES, INBOX_ENTRIES, INBOX_SEGMENT_BYTES};
 pub use recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
 pub use region::SharedRegion;
 pub use ring::{Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
+pub use table::{TableSegment, TABLE_SEGMENT_BYTES};

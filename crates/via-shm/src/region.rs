@@ -27,6 +27,30 @@ impl SharedRegion {
     /// Creates an anonymous memfd of `len` bytes (close-on-exec, sealed
     /// against resizing) and maps it.
     pub fn create(name: &str, len: usize) -> io::Result<SharedRegion> {
+        let region = Self::create_unsealed(name, len)?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on our own fd.
+        if unsafe { libc::fcntl(region.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(region)
+    }
+
+    /// Creates a memfd of `len` bytes that only this process may write:
+    /// mapped read-write here, then sealed against every new writable
+    /// mapping (`F_SEAL_FUTURE_WRITE`), so that a process that receives the
+    /// fd can map it read-only and nothing else, however it reopens it.
+    pub fn create_owner_written(name: &str, len: usize) -> io::Result<SharedRegion> {
+        let region = Self::create_unsealed(name, len)?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on our own fd.
+        if unsafe { libc::fcntl(region.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(region)
+    }
+
+    fn create_unsealed(name: &str, len: usize) -> io::Result<SharedRegion> {
         let size = libc::off_t::try_from(len)
             .ok()
             .filter(|&s| s > 0)
@@ -42,11 +66,7 @@ impl SharedRegion {
             if libc::ftruncate(fd.as_raw_fd(), size) < 0 {
                 return Err(io::Error::last_os_error());
             }
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-            if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Self::mmap(fd, len)
+            Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE)
         }
     }
 
@@ -55,6 +75,32 @@ impl SharedRegion {
     /// The file must be sealed against shrinking, or sealable now; anything
     /// else (a regular file, an unsealable memfd) is refused.
     pub fn map(fd: OwnedFd) -> io::Result<SharedRegion> {
+        let len = Self::sealed_len(&fd)?;
+        Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// Maps a memfd received from another process if it is exactly `len`
+    /// bytes long: the size is checked before anything is mapped, so that a
+    /// peer cannot make this process map (and populate) more than it chose.
+    pub fn map_exact(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
+        match Self::sealed_len(&fd)? {
+            l if l == len => Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE),
+            _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
+        }
+    }
+
+    /// Maps a memfd of exactly `len` bytes read-only: memory another
+    /// process writes and this one only reads.  Nothing may be written
+    /// through [`SharedRegion::as_ptr`] of such a region.
+    pub fn map_read_only(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
+        match Self::sealed_len(&fd)? {
+            l if l == len => Self::mmap(fd, len, libc::PROT_READ),
+            _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
+        }
+    }
+
+    /// The size of a memfd, after making sure it cannot shrink.
+    fn sealed_len(fd: &OwnedFd) -> io::Result<usize> {
         let raw = fd.as_raw_fd();
         // SAFETY: fcntl/fstat on an fd we own, into a local buffer.
         let len = unsafe {
@@ -72,20 +118,18 @@ impl SharedRegion {
             }
             st.assume_init().st_size
         };
-        let len = usize::try_from(len)
+        usize::try_from(len)
             .ok()
             .filter(|&l| l > 0)
-            .ok_or_else(|| invalid(io::ErrorKind::InvalidData, "empty shared region"))?;
-        Self::mmap(fd, len)
+            .ok_or_else(|| invalid(io::ErrorKind::InvalidData, "empty shared region"))
     }
 
-    fn mmap(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
+    fn mmap(fd: OwnedFd, len: usize, prot: libc::c_int) -> io::Result<SharedRegion> {
         // Populated now, so that the data path never takes a page fault (a
         // ring's slots are first written one page at a time otherwise).
         let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
         // SAFETY: a fresh shared mapping of a file that cannot shrink below `len`.
-        let p =
-            unsafe { libc::mmap(ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd.as_raw_fd(), 0) };
+        let p = unsafe { libc::mmap(ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
@@ -153,6 +197,30 @@ mod tests {
             a.as_ptr().add(5000).write(0x5a);
             assert_eq!(b.as_ptr().add(5000).read(), 0x5a);
         }
+    }
+
+    #[test]
+    fn an_owner_written_region_cannot_be_mapped_writable_by_anyone_else() {
+        let owner = SharedRegion::create_owner_written("t", 8192).unwrap();
+        // SAFETY: inside the owner's writable mapping.
+        unsafe { owner.as_ptr().add(100).write(7) };
+        let fd = || owner.fd().try_clone_to_owned().unwrap();
+        assert!(SharedRegion::map(fd()).is_err());
+        // Not even through a fresh open of the file.
+        let path = format!("/proc/self/fd/{}", owner.fd().as_raw_fd());
+        let reopened = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        assert!(SharedRegion::map(reopened.into()).is_err());
+        let reader = SharedRegion::map_read_only(fd(), 8192).unwrap();
+        // SAFETY: inside the reader's mapping.
+        assert_eq!(unsafe { reader.as_ptr().add(100).read() }, 7);
+        assert!(SharedRegion::map_read_only(fd(), 4096).is_err());
+    }
+
+    #[test]
+    fn map_exact_checks_the_size_before_mapping() {
+        let a = SharedRegion::create("t", 8192).unwrap();
+        assert!(SharedRegion::map_exact(a.fd().try_clone_to_owned().unwrap(), 4096).is_err());
+        assert_eq!(SharedRegion::map_exact(a.fd().try_clone_to_owned().unwrap(), 8192).unwrap().len(), 8192);
     }
 
     #[test]
