@@ -33,6 +33,35 @@
 //! (the listener's `Responder::accept` then fails with `NoMatch`).  An
 //! `Accept` whose `Ack` was lost is acknowledged again for
 //! [`crate::cm::FINISHED_MEMORY`]; a `Reject` is always acknowledged.
+//!
+//! A listener that holds a request from another host must answer within
+//! [`ANSWER_TIME`]; after that the agent tells it `NoMatch`, closes its
+//! connection and gives the request back to the queue, so that a listener
+//! that never answers cannot keep the requester waiting until it gives up.
+//!
+//! # Trust and resources
+//!
+//! The agent learns each client's uid and pid from the kernel
+//! (`SO_PEERCRED`) when it accepts the connection; what a client states
+//! about itself (the `pid` of a request) is only logged.
+//!
+//! * Only root or the agent's own uid may `Stop` it; anyone else gets
+//!   `Error { PermissionDenied }` and the agent goes on.
+//! * Each other uid may hold at most [`Config::max_connections_per_uid`]
+//!   connections (sessions, waiting requests, unanswered connections); one
+//!   more gets `Error { Limit }` and is closed at once.  Root and the
+//!   agent's own uid are exempt: they can stop or kill the agent anyway, so
+//!   a limit would protect nothing from them.
+//! * At start the agent raises its soft `RLIMIT_NOFILE` to the hard limit.
+//!   When it runs out of descriptors all the same (`accept` fails with
+//!   `EMFILE`, `ENFILE`, ...), it stops polling its socket until a client
+//!   goes away or [`ACCEPT_PAUSE`] has passed, instead of spinning on a
+//!   connection it cannot take.
+//! * Request ids come from the OS random source; without it the agent does
+//!   not start.
+//! * The agent creates connection segments of exactly
+//!   [`via_shm::CONN_SEGMENT_BYTES`]; a request that asks for another size
+//!   (0 means "the agent's") is refused.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -47,8 +76,18 @@ use crate::client::{decode_endpoint, encode_endpoint};
 use crate::cm::{Arrival, Cm, Event, Held, HeldKey, HeldState, Outcome};
 use crate::device;
 use crate::proto::{ConnectReq, ErrorKind, Reply, Request, Side, FOREVER};
-use crate::sock;
+use crate::sock::{self, Cred};
 use crate::udp::CmSocket;
+
+/// How long a listener may hold a request from another host unanswered.
+pub const ANSWER_TIME: Duration = Duration::from_secs(5);
+/// How long the agent leaves its socket alone after `accept` failed for want
+/// of descriptors or memory (unless a client goes away first).
+pub const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// Default of [`Config::max_connections_per_uid`].
+pub const MAX_CONNECTIONS_PER_UID: usize = 1024;
+/// The size of every connection segment the agent creates.
+const SEGMENT_BYTES: u64 = via_shm::CONN_SEGMENT_BYTES as u64;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -59,11 +98,14 @@ pub struct Config {
     /// UDP port of the connection managers of all hosts; 0 = no cross-host
     /// connections (requests for other hosts are unreachable).
     pub cm_port: u16,
+    /// Most connections one uid may hold at the agent at once; root and the
+    /// agent's own uid are exempt (see the module docs).
+    pub max_connections_per_uid: usize,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { idle_timeout: None, cm_port: CM_PORT }
+        Config { idle_timeout: None, cm_port: CM_PORT, max_connections_per_uid: MAX_CONNECTIONS_PER_UID }
     }
 }
 
@@ -80,7 +122,11 @@ pub fn bind(name: &str) -> io::Result<Option<OwnedFd>> {
 /// until Stop, SIGTERM/SIGINT or the idle timeout.  Blocks SIGTERM and
 /// SIGINT in the calling thread to receive them on a signalfd.  A CM port
 /// that cannot be bound is logged, and the agent serves this host only.
+/// Fails at once, serving nobody, when the OS random source cannot be read.
 pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
+    let seed = random_u64()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot read the OS random source (getrandom): {e}")))?;
+    raise_fd_limit();
     let signals = signal_fd()?;
     let udp = match config.cm_port {
         0 => None,
@@ -95,7 +141,7 @@ pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
             }
         },
     };
-    let mut agent = Agent::new(udp, config.cm_port);
+    let mut agent = Agent::new(udp, config, seed);
     let mut idle_since = Some(Instant::now());
     loop {
         let now = Instant::now();
@@ -119,7 +165,11 @@ pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
         });
         let cm_fd = agent.udp.as_ref().map_or(-1, |u| u.as_fd().as_raw_fd());
         let tokens: Vec<u64> = agent.clients.keys().copied().collect();
-        let mut fds: Vec<libc::pollfd> = [listener.as_raw_fd(), signals.as_raw_fd(), cm_fd]
+        let listen_fd = match agent.accepting() {
+            true => listener.as_raw_fd(),
+            false => -1,
+        };
+        let mut fds: Vec<libc::pollfd> = [listen_fd, signals.as_raw_fd(), cm_fd]
             .into_iter()
             .chain(agent.clients.values().map(|c| c.fd.as_raw_fd()))
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
@@ -175,18 +225,47 @@ fn signal_fd() -> io::Result<OwnedFd> {
     }
 }
 
-/// A random 64-bit number (for CM request ids).
-fn random_u64() -> u64 {
+/// A random 64-bit number from the OS random source (for CM request ids),
+/// with no weaker fallback: ids that another host could guess would let it
+/// answer for requests it never received.
+fn random_u64() -> io::Result<u64> {
     let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most 8 bytes into `b`.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    match n {
-        8 => u64::from_ne_bytes(b),
-        _ => {
-            let t =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-            t ^ (u64::from(std::process::id()) << 32)
+    let mut filled = 0;
+    while filled < b.len() {
+        let rest = &mut b[filled..];
+        // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        match n {
+            n if n > 0 => filled += n as usize,
+            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "getrandom returned nothing")),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
         }
+    }
+    Ok(u64::from_ne_bytes(b))
+}
+
+/// Raises the soft limit on open descriptors to the hard one: every client
+/// holds one or two, and running short only makes the agent refuse work.
+fn raise_fd_limit() {
+    // SAFETY: rlimit is plain data, filled and read by the two calls.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return warn!("getrlimit(RLIMIT_NOFILE): {}", io::Error::last_os_error());
+    }
+    if lim.rlim_cur >= lim.rlim_max {
+        return;
+    }
+    let old = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: as above.
+    match unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } {
+        0 => debug!(from = old, to = lim.rlim_max, "raised the descriptor limit"),
+        _ => warn!("cannot raise RLIMIT_NOFILE to {}: {}", lim.rlim_max, io::Error::last_os_error()),
     }
 }
 
@@ -211,7 +290,6 @@ struct Waiter {
     remote_host: Vec<u8>,
     remote_disc: Vec<u8>,
     info: Vec<u8>,
-    segment_bytes: u64,
     deadline: Option<Instant>,
     inbox: OwnedFd,
     /// A peer request for another host, waiting here for that host's
@@ -229,8 +307,9 @@ enum State {
     Waiting(Waiter),
     /// A request forwarded to another host as CM request `id`.
     Forwarded { id: u64, peer: bool },
-    /// A listener that got a request from another host; its answer is due.
-    Answering(HeldKey),
+    /// A listener that got a request from another host; its answer is due
+    /// by `deadline`.
+    Answering { key: HeldKey, deadline: Instant },
     /// A listener that accepted a request from another host; waiting for
     /// the requester's agent to acknowledge.
     Confirming(HeldKey),
@@ -241,6 +320,8 @@ enum State {
 
 struct Client {
     fd: OwnedFd,
+    /// Who connected, as the kernel saw it.
+    cred: Cred,
     state: State,
     /// The transport counters a session's process publishes.
     stats: Option<via_shm::stats::StatsView>,
@@ -256,11 +337,22 @@ struct Agent {
     listen_timeouts: u64,
     unreachable: u64,
     protocol_errors: u64,
+    connections_refused: u64,
+    stops_refused: u64,
+    answer_timeouts: u64,
+    accept_pauses: u64,
     started: Instant,
     stop: bool,
     cm: Cm,
     udp: Option<CmSocket>,
     cm_port: u16,
+    /// The agent's own effective uid.
+    owner: u32,
+    /// See [`Config::max_connections_per_uid`].
+    max_per_uid: usize,
+    /// `accept` failed for want of resources: the socket is left alone until
+    /// this instant or until there are fewer clients than this.
+    accept_paused: Option<(Instant, usize)>,
 }
 
 /// Two host addresses name the same device: equal, or two addresses (say
@@ -311,8 +403,8 @@ fn takes(w: &Waiter, h: &Held) -> bool {
     }
 }
 
-/// A fresh connection segment of `bytes` bytes and a socket pair.
-fn resources(bytes: u64) -> io::Result<(OwnedFd, OwnedFd, OwnedFd)> {
+/// A fresh connection segment of [`SEGMENT_BYTES`] and a socket pair.
+fn resources() -> io::Result<(OwnedFd, OwnedFd, OwnedFd)> {
     let name = c"openvia-conn";
     // SAFETY: plain syscalls; the memfd is owned from here on.
     let memfd = unsafe {
@@ -321,7 +413,7 @@ fn resources(bytes: u64) -> io::Result<(OwnedFd, OwnedFd, OwnedFd)> {
             return Err(io::Error::last_os_error());
         }
         let fd = OwnedFd::from_raw_fd(fd);
-        if libc::ftruncate(fd.as_raw_fd(), bytes as libc::off_t) != 0 {
+        if libc::ftruncate(fd.as_raw_fd(), SEGMENT_BYTES as libc::off_t) != 0 {
             return Err(io::Error::last_os_error());
         }
         // Neither side may resize the segment under the other's mapping.
@@ -343,7 +435,7 @@ fn deadline_after(now: Instant, ms: u64) -> Option<Instant> {
 }
 
 impl Agent {
-    fn new(udp: Option<CmSocket>, cm_port: u16) -> Agent {
+    fn new(udp: Option<CmSocket>, config: &Config, seed: u64) -> Agent {
         Agent {
             clients: BTreeMap::new(),
             next_token: 0,
@@ -354,11 +446,19 @@ impl Agent {
             listen_timeouts: 0,
             unreachable: 0,
             protocol_errors: 0,
+            connections_refused: 0,
+            stops_refused: 0,
+            answer_timeouts: 0,
+            accept_pauses: 0,
             started: Instant::now(),
             stop: false,
-            cm: Cm::new(random_u64()),
+            cm: Cm::new(seed),
             udp,
-            cm_port,
+            cm_port: config.cm_port,
+            // SAFETY: geteuid has no preconditions.
+            owner: unsafe { libc::geteuid() },
+            max_per_uid: config.max_connections_per_uid,
+            accept_paused: None,
         }
     }
 
@@ -372,28 +472,100 @@ impl Agent {
         self.expire(now);
         self.cm_poll(now);
         self.sweep(now);
+        self.resume_accepting(now);
     }
 
-    fn accept_all(&mut self, listener: BorrowedFd) {
-        loop {
-            match sock::accept(listener) {
-                Ok(fd) => {
-                    self.next_token += 1;
-                    debug!(client = self.next_token, "connected");
-                    let state = State::New;
-                    self.clients.insert(self.next_token, Client { fd, state, stats: None });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) => return warn!("accept: {e}"),
+    /// Whether the listening socket is polled: not while a pause after a
+    /// failed `accept` lasts (see [`Agent::accept_all`]).
+    fn accepting(&self) -> bool {
+        self.accept_paused.is_none()
+    }
+
+    /// Ends the pause of the listening socket once it has lasted
+    /// [`ACCEPT_PAUSE`] or a client has gone away (freeing a descriptor).
+    fn resume_accepting(&mut self, now: Instant) {
+        if let Some((until, clients)) = self.accept_paused {
+            if now >= until || self.clients.len() < clients {
+                self.accept_paused = None;
             }
         }
+    }
+
+    /// When the pause of the listening socket ends, if one lasts.
+    fn accept_deadline(&self) -> Option<Instant> {
+        self.accept_paused.map(|(until, _)| until)
+    }
+
+    /// Takes every pending connection.  When `accept` fails for want of
+    /// descriptors or memory the connection stays queued and the socket
+    /// stays readable: the socket is then left alone for a while (see
+    /// [`Agent::accepting`]) rather than polled again at once, which would
+    /// spin.  Stops after a bounded burst, so that clients get their turn
+    /// under a flood of connections.
+    fn accept_all(&mut self, listener: BorrowedFd) {
+        let mut held = self.connections_per_uid();
+        for _ in 0..256 {
+            match sock::accept(listener) {
+                Ok(fd) => self.admit(fd, &mut held),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+                Err(e) => return self.pause_accepting(e),
+            }
+        }
+    }
+
+    /// Leaves the listening socket alone after `accept` failed with `e`.
+    fn pause_accepting(&mut self, e: io::Error) {
+        self.accept_pauses += 1;
+        // Loud on the first pause and then ever more rarely, not ten times a
+        // second while the shortage lasts.
+        match self.accept_pauses.is_power_of_two() {
+            true => warn!(clients = self.clients.len(), "accept: {e}; pausing for {ACCEPT_PAUSE:?}"),
+            false => debug!(clients = self.clients.len(), "accept: {e}; pausing"),
+        }
+        self.accept_paused = Some((Instant::now() + ACCEPT_PAUSE, self.clients.len()));
+    }
+
+    /// How many connections each uid holds.
+    fn connections_per_uid(&self) -> BTreeMap<u32, usize> {
+        let mut held = BTreeMap::new();
+        for c in self.clients.values() {
+            *held.entry(c.cred.uid).or_insert(0) += 1;
+        }
+        held
+    }
+
+    /// Takes a new connection as a client, unless its uid is at its limit
+    /// (`held` counts the connections of each uid, and counts this one once
+    /// it is taken).
+    fn admit(&mut self, fd: OwnedFd, held: &mut BTreeMap<u32, usize>) {
+        let cred = match sock::peer_cred(fd.as_fd()) {
+            Ok(c) => c,
+            Err(e) => return warn!("SO_PEERCRED of a new client: {e}; closed"),
+        };
+        let count = held.entry(cred.uid).or_insert(0);
+        let exempt = cred.uid == 0 || cred.uid == self.owner;
+        if !exempt && *count >= self.max_per_uid {
+            self.connections_refused += 1;
+            warn!(uid = cred.uid, pid = cred.pid, limit = self.max_per_uid, "too many connections; refused");
+            let message = format!("uid {} holds {} connections, the most it may", cred.uid, self.max_per_uid);
+            if let Ok(bytes) = (Reply::Error { kind: ErrorKind::Limit, message }).encode() {
+                // The connection is closed either way.
+                let _ = sock::send(fd.as_fd(), &bytes, &[]);
+            }
+            return;
+        }
+        *count += 1;
+        self.next_token += 1;
+        debug!(client = self.next_token, uid = cred.uid, pid = cred.pid, "connected");
+        self.clients.insert(self.next_token, Client { fd, cred, state: State::New, stats: None });
     }
 
     fn readable(&mut self, token: u64) {
         let Some(client) = self.clients.get(&token) else {
             return;
         };
-        let answering = matches!(client.state, State::Answering(_));
+        let answering = matches!(client.state, State::Answering { .. });
         let fresh = matches!(client.state, State::New);
         match sock::recv(client.fd.as_fd()) {
             Ok(None) => {
@@ -473,10 +645,7 @@ impl Agent {
         let waiter = match req {
             Request::Hello { device } => return self.hello(token, &device, fds.pop()),
             Request::Stats { start } => return self.finish(token, &self.stats_page(start as usize)),
-            Request::Stop => {
-                self.stop = true;
-                return self.finish(token, &Reply::Done);
-            }
+            Request::Stop => return self.stop_request(token),
             Request::Accept { .. } | Request::Reject => {
                 return self.malformed(token, "an answer without a request from another host")
             }
@@ -488,11 +657,14 @@ impl Agent {
                 remote_host: Vec::new(),
                 remote_disc: Vec::new(),
                 info: l.info,
-                segment_bytes: 0,
                 deadline: deadline_after(now, l.timeout_ms),
                 inbox: fds.remove(0),
                 endpoint: None,
             },
+            Request::Connect(c) | Request::PeerConnect(c) if !matches!(c.segment_bytes, 0 | SEGMENT_BYTES) => {
+                let message = format!("segment size {} is neither 0 nor {SEGMENT_BYTES}", c.segment_bytes);
+                return self.invalid(token, &message);
+            }
             Request::Connect(c) | Request::PeerConnect(c) if !device::is_local(&c.remote_host) => {
                 return self.remote(token, kind, seq, c, fds.remove(0), now);
             }
@@ -504,13 +676,29 @@ impl Agent {
                 remote_host: c.remote_host,
                 remote_disc: c.remote_disc,
                 info: c.info,
-                segment_bytes: c.segment_bytes,
                 deadline: deadline_after(now, c.timeout_ms),
                 inbox: fds.remove(0),
                 endpoint: None,
             },
         };
         self.wait(token, waiter);
+    }
+
+    /// Stops the agent if root or the agent's own uid asks; anyone else
+    /// could otherwise take the host's agent away from its users.
+    fn stop_request(&mut self, token: u64) {
+        let Some(cred) = self.clients.get(&token).map(|c| c.cred) else {
+            return;
+        };
+        if cred.uid == 0 || cred.uid == self.owner {
+            info!(uid = cred.uid, pid = cred.pid, "stop requested");
+            self.stop = true;
+            return self.finish(token, &Reply::Done);
+        }
+        self.stops_refused += 1;
+        warn!(uid = cred.uid, pid = cred.pid, "stop refused");
+        let message = format!("only root or uid {} may stop this agent", self.owner);
+        self.finish(token, &Reply::Error { kind: ErrorKind::PermissionDenied, message });
     }
 
     fn hello(&mut self, token: u64, name: &str, stats: Option<OwnedFd>) {
@@ -609,7 +797,7 @@ impl Agent {
             Kind::Listen => (n, o),
             _ => (o, n),
         };
-        let (memfd, s0, s1) = match resources(a.segment_bytes.max(b.segment_bytes)) {
+        let (memfd, s0, s1) = match resources() {
             Ok(r) => r,
             Err(e) => {
                 warn!("cannot create connection resources: {e}");
@@ -674,6 +862,25 @@ impl Agent {
             }
             self.finish(token, &Reply::NoMatch);
         }
+        self.expire_answers(now);
+    }
+
+    /// Closes the connection of every listener that held a request from
+    /// another host past [`ANSWER_TIME`] without answering: `sweep` then
+    /// gives the request back to the queue.  The listener is told `NoMatch`,
+    /// which its late answer reads.
+    fn expire_answers(&mut self, now: Instant) {
+        let late: Vec<u64> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| matches!(c.state, State::Answering { deadline, .. } if deadline <= now))
+            .map(|(t, _)| *t)
+            .collect();
+        for token in late {
+            info!(client = token, "listener did not answer in {ANSWER_TIME:?}; request requeued");
+            self.answer_timeouts += 1;
+            self.finish(token, &Reply::NoMatch);
+        }
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -681,9 +888,11 @@ impl Agent {
             .values()
             .filter_map(|c| match &c.state {
                 State::Waiting(w) => w.deadline,
+                State::Answering { deadline, .. } => Some(*deadline),
                 _ => None,
             })
             .chain(self.cm.next_deadline())
+            .chain(self.accept_deadline())
             .min()
     }
 
@@ -721,6 +930,10 @@ impl Agent {
             ("cm_unreachable", s.unreachable),
             ("cm_malformed", s.malformed),
             ("remote_listeners_matched", s.remote_listeners_matched),
+            ("connections_refused", self.connections_refused),
+            ("stops_refused", self.stops_refused),
+            ("answer_timeouts", self.answer_timeouts),
+            ("accept_pauses", self.accept_pauses),
         ]
         .into_iter()
         .map(|(n, v)| (n.to_string(), v))
@@ -806,7 +1019,6 @@ impl Agent {
                 remote_host: c.remote_host,
                 remote_disc: c.remote_disc,
                 info: c.info,
-                segment_bytes: c.segment_bytes,
                 deadline,
                 inbox,
                 endpoint: Some(endpoint),
@@ -1010,7 +1222,8 @@ impl Agent {
         }
         self.cm.stats.remote_listeners_matched += 1;
         info!(client = token, src = %key.0, id = key.1, "request from another host delivered");
-        self.set_state(token, State::Answering(key));
+        let deadline = Instant::now() + ANSWER_TIME;
+        self.set_state(token, State::Answering { key, deadline });
         true
     }
 
@@ -1050,7 +1263,7 @@ impl Agent {
             Request::Reject => None,
             _ => return self.malformed(token, "expected Accept or Reject"),
         };
-        let Some(State::Answering(key)) = self.state(token) else {
+        let Some(State::Answering { key, .. }) = self.state(token) else {
             return;
         };
         let key = *key;
@@ -1163,7 +1376,7 @@ impl Agent {
             .held
             .iter()
             .filter(|(k, h)| match h.state {
-                HeldState::Delivered(t) => !matches!(self.state(t), Some(State::Answering(a)) if a == *k),
+                HeldState::Delivered(t) => !matches!(self.state(t), Some(State::Answering { key, .. }) if key == *k),
                 _ => false,
             })
             .map(|(k, _)| *k)
@@ -1175,5 +1388,98 @@ impl Agent {
             }
             self.match_held(key, now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent() -> Agent {
+        Agent::new(None, &Config::default(), 1)
+    }
+
+    /// Adds a client of uid 1000 in `state`; returns the other end of its connection.
+    fn add_client(agent: &mut Agent, token: u64, state: State) -> OwnedFd {
+        let (fd, peer) = sock::pair().unwrap();
+        let cred = Cred { pid: 1, uid: 1000, gid: 1000 };
+        agent.clients.insert(token, Client { fd, cred, state, stats: None });
+        peer
+    }
+
+    #[test]
+    fn random_numbers_come_from_the_os() {
+        let (a, b) = (random_u64().unwrap(), random_u64().unwrap());
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn a_failed_accept_pauses_the_socket_until_time_passes_or_a_client_leaves() {
+        let mut agent = agent();
+        let _peers = [add_client(&mut agent, 1, State::New), add_client(&mut agent, 2, State::Session)];
+        assert!(agent.accepting());
+        agent.pause_accepting(io::Error::from_raw_os_error(libc::EMFILE));
+        let until = agent.accept_deadline().unwrap();
+        assert!(!agent.accepting());
+        // The loop wakes up for the end of the pause.
+        assert_eq!(agent.next_deadline(), Some(until));
+        agent.resume_accepting(until - Duration::from_millis(1));
+        assert!(!agent.accepting());
+        agent.resume_accepting(until);
+        assert!(agent.accepting() && agent.accept_deadline().is_none());
+        // A client that goes away ends the pause at once.
+        agent.pause_accepting(io::Error::from_raw_os_error(libc::ENFILE));
+        agent.clients.remove(&1);
+        agent.resume_accepting(Instant::now());
+        assert!(agent.accepting());
+        assert_eq!(agent.accept_pauses, 2);
+    }
+
+    #[test]
+    fn a_listener_that_does_not_answer_in_time_gives_the_request_back() {
+        let mut agent = agent();
+        let now = Instant::now();
+        let src: SocketAddr = "10.0.0.1:5197".parse().unwrap();
+        let endpoint = CmEndpoint {
+            addr: "10.0.0.1:4000".parse().unwrap(),
+            vi: 1,
+            key: 2,
+            reliability: 0,
+            max_transfer: 4096,
+            rdma_write: false,
+            rdma_read: false,
+            segment: 1400,
+            payload_crc: true,
+            ether: None,
+            large_packets: false,
+            placed_acks: false,
+        };
+        let held = Held {
+            seq: 0,
+            from_host: vec![10, 0, 0, 1],
+            from_disc: b"c".to_vec(),
+            to_host: vec![127, 0, 0, 1],
+            to_disc: b"s".to_vec(),
+            peer: false,
+            endpoint,
+            // As if its copies kept coming until the listener's deadline.
+            last_seen: now + ANSWER_TIME,
+            state: HeldState::Delivered(7),
+        };
+        assert_eq!(agent.cm.arrive(src, 9, held), Arrival::New);
+        let key = (src, 9);
+        let deadline = now + ANSWER_TIME;
+        let listener = add_client(&mut agent, 7, State::Answering { key, deadline });
+        assert_eq!(agent.next_deadline(), Some(deadline));
+        agent.tick(deadline - Duration::from_millis(1));
+        assert!(matches!(agent.cm.held[&key].state, HeldState::Delivered(7)));
+        agent.tick(deadline);
+        assert!(!agent.clients.contains_key(&7), "the listener's connection stays");
+        assert!(matches!(agent.cm.held[&key].state, HeldState::Queued));
+        assert_eq!(agent.answer_timeouts, 1);
+        // The listener was told that the request no longer waits for it.
+        let msg = sock::recv(listener.as_fd()).unwrap().unwrap();
+        assert_eq!(Reply::decode(&msg.data).unwrap(), Reply::NoMatch);
+        assert!(sock::recv(listener.as_fd()).unwrap().is_none());
     }
 }

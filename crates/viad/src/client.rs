@@ -15,6 +15,30 @@
 //! [`Transport::Remote`], and answers it with [`Responder::accept`] (its own
 //! encoded endpoint) or [`Responder::reject`].  Same-host requests keep
 //! handing `info` over untouched.
+//!
+//! # Which agent a client trusts
+//!
+//! Any local user can bind an abstract socket name, so a name proves
+//! nothing.  Right after connecting, before it sends a byte or a descriptor,
+//! the client asks the kernel who listens on the socket (`SO_PEERCRED`: the
+//! credentials of the process that called `listen`) and talks to the agent
+//! only if it runs as root or as this process's effective uid.  Otherwise the
+//! call fails with [`AgentError::Untrusted`], which names the socket and the
+//! impostor's uid and pid.
+//!
+//! So that each user still finds an agent it can trust, a client that finds
+//! the configured name (`VIA_AGENT_SOCKET`, else [`DEFAULT_SOCKET`], or the
+//! name given to [`Agent::with_socket`]) held by another non-root user goes
+//! to a name of its own, `<name>.<euid>` ([`user_socket_name`]), and starts
+//! an agent there on demand (when the handle starts agents at all, see
+//! [`Agent::autostart`]).  The agent found there must pass the same check.
+//! The call fails with `Untrusted` when that agent does not, or when no agent
+//! runs there and none may be started (then the error names the configured
+//! socket's impostor), and with [`AgentError::Unavailable`] when starting one
+//! failed.  Processes pair up only through one agent: those of a user sent
+//! to its own agent do not meet processes that use the configured one, and
+//! that agent reaches other hosts only if it could bind the CM port (it says
+//! so in its log when it could not).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -66,6 +90,24 @@ pub enum AgentError {
     /// An I/O error on the agent connection.
     #[error("VI agent I/O error: {0}")]
     Io(#[from] io::Error),
+    /// The agent on `socket` runs as neither root nor this process's
+    /// effective uid: nothing was sent to it (see the module docs).
+    #[error("VI agent on @{socket} is not trusted: it runs as uid {uid} (pid {pid}), neither root nor this user")]
+    Untrusted {
+        /// The abstract socket name.
+        socket: String,
+        /// The effective uid of the process that listens on it.
+        uid: u32,
+        /// Its process id (0 when not visible from this pid namespace).
+        pid: i32,
+    },
+    /// The agent refused: this uid may not do that (e.g. stop an agent of
+    /// another user).
+    #[error("VI agent refused: {0}")]
+    PermissionDenied(String),
+    /// The agent refused: this uid holds as many connections to it as it may.
+    #[error("VI agent limit reached: {0}")]
+    Limit(String),
 }
 
 /// An open device: keeps its connection to the agent open while it lives.
@@ -221,6 +263,13 @@ pub fn is_local_host(host: &[u8]) -> bool {
 /// The socket name from `VIA_AGENT_SOCKET`, or [`DEFAULT_SOCKET`].
 pub fn socket_name() -> String {
     std::env::var(SOCKET_ENV).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_SOCKET.to_string())
+}
+
+/// The abstract name of this user's own agent, used when the agent on `name`
+/// belongs to another non-root user: `<name>.<euid>`.
+pub fn user_socket_name(name: &str) -> String {
+    // SAFETY: geteuid has no preconditions.
+    format!("{name}.{}", unsafe { libc::geteuid() })
 }
 
 /// Waits for one connection request for `disc` on `host`. None timeout = for ever.
@@ -413,24 +462,62 @@ impl Agent {
         Ok((conn, reply, fds))
     }
 
-    /// Connects to the agent, starting it first if allowed and nobody answers.
+    /// Connects to an agent this process may trust: the one on the
+    /// configured name, or else this user's own (see the module docs).
     fn open(&self, autostart: bool) -> Result<OwnedFd, AgentError> {
-        let unavailable = |e: io::Error| AgentError::Unavailable(format!("@{}: {e}", self.socket));
-        match sock::connect(&self.socket) {
+        let refused = match open_trusted(&self.socket, autostart) {
+            Err(e @ AgentError::Untrusted { .. }) => e,
+            other => return other,
+        };
+        let own = user_socket_name(&self.socket);
+        tracing::debug!("{refused}; trying @{own}");
+        match open_trusted(&own, autostart) {
+            // With no agent of its own to go to, the refusal is the answer.
+            Err(AgentError::Unavailable(_)) if !autostart => Err(refused),
+            Err(AgentError::Unavailable(why)) => Err(AgentError::Unavailable(format!("{refused}; {why}"))),
+            other => other,
+        }
+    }
+}
+
+/// Connects to the agent on `name`, starting it first if allowed and nobody
+/// answers, and checks who it is before anything is sent.
+fn open_trusted(name: &str, autostart: bool) -> Result<OwnedFd, AgentError> {
+    let conn = connect_or_start(name, autostart)?;
+    check_trusted(name, &conn)?;
+    Ok(conn)
+}
+
+/// Connects to the agent on `name`, starting it first if allowed and nobody
+/// answers.
+fn connect_or_start(name: &str, autostart: bool) -> Result<OwnedFd, AgentError> {
+    let unavailable = |e: io::Error| AgentError::Unavailable(format!("@{name}: {e}"));
+    match sock::connect(name) {
+        Ok(fd) => return Ok(fd),
+        // A full backlog means the agent runs but is busy: retry only.
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+        Err(e) if !autostart || !absent(&e) => return Err(unavailable(e)),
+        Err(_) => launch::start(name)?,
+    }
+    let deadline = Instant::now() + START_WAIT;
+    loop {
+        match sock::connect(name) {
             Ok(fd) => return Ok(fd),
-            // A full backlog means the agent runs but is busy: retry only.
-            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
-            Err(e) if !autostart || !absent(&e) => return Err(unavailable(e)),
-            Err(_) => launch::start(&self.socket)?,
+            Err(e) if Instant::now() >= deadline => return Err(unavailable(e)),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
-        let deadline = Instant::now() + START_WAIT;
-        loop {
-            match sock::connect(&self.socket) {
-                Ok(fd) => return Ok(fd),
-                Err(e) if Instant::now() >= deadline => return Err(unavailable(e)),
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
+    }
+}
+
+/// Accepts the agent at the other end of `conn` only if it runs as root or
+/// as this process's effective uid: anyone can bind an abstract name.
+fn check_trusted(name: &str, conn: &OwnedFd) -> Result<(), AgentError> {
+    let cred = sock::peer_cred(conn.as_fd())?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    match cred.uid == 0 || cred.uid == euid {
+        true => Ok(()),
+        false => Err(AgentError::Untrusted { socket: name.to_string(), uid: cred.uid, pid: cred.pid }),
     }
 }
 
@@ -442,20 +529,42 @@ fn exchange(
     wait: Option<Duration>,
 ) -> Result<(Reply, Vec<OwnedFd>), AgentError> {
     let bytes = req.encode().map_err(|e| AgentError::Protocol(e.to_string()))?;
-    sock::send(conn.as_fd(), &bytes, fds)?;
+    match sock::send(conn.as_fd(), &bytes, fds) {
+        // An agent that refuses a connection (over its per-uid limit, or a
+        // listener's answer that came too late) closes it, but its reason may
+        // still wait to be read.
+        Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
+        other => other?,
+    }
     if !sock::wait_readable(conn.as_fd(), wait)? {
         return Err(AgentError::Timeout);
     }
-    let msg =
-        sock::recv(conn.as_fd())?.ok_or_else(|| AgentError::Unavailable("the agent closed the connection".into()))?;
+    let msg = recv_reply(conn)?;
     if msg.truncated {
         return Err(AgentError::Protocol("truncated reply".into()));
     }
     match Reply::decode(&msg.data).map_err(|e| AgentError::Protocol(e.to_string()))? {
         Reply::Error { kind: ErrorKind::UnknownDevice, message } => Err(AgentError::UnknownDevice(message)),
+        Reply::Error { kind: ErrorKind::PermissionDenied, message } => Err(AgentError::PermissionDenied(message)),
+        Reply::Error { kind: ErrorKind::Limit, message } => Err(AgentError::Limit(message)),
         Reply::Error { message, .. } => Err(AgentError::Protocol(message)),
         reply => Ok((reply, msg.fds)),
     }
+}
+
+/// Receives the agent's reply on `conn`.
+fn recv_reply(conn: &OwnedFd) -> Result<sock::Received, AgentError> {
+    let msg = match sock::recv(conn.as_fd()) {
+        // The agent closed the connection with our request unread (it
+        // refused the connection): the reset comes first, then the reason
+        // it sent, if any.
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => match sock::recv(conn.as_fd()) {
+            Ok(Some(msg)) => Some(msg),
+            _ => return Err(e.into()),
+        },
+        other => other?,
+    };
+    msg.ok_or_else(|| AgentError::Unavailable("the agent closed the connection".into()))
 }
 
 /// Whether a connect error means nobody listens on the name.

@@ -1,7 +1,9 @@
 //! openvia host agent (the VI kernel agent of VIA 1.0).
 //!
 //! One `viad` runs per host (per network namespace) on an abstract Unix
-//! socket.  It resolves device names, counts sessions, and pairs connection
+//! socket; a user that finds that name held by another non-root user runs
+//! an agent of its own beside it (see [`client`] for which agent a client
+//! trusts, and [`agent`] for what the agent allows each uid).  It resolves device names, counts sessions, and pairs connection
 //! requests by discriminator, handing both sides of a same-host connection
 //! the same connection segment, socket pair and each other's CQ inbox.  It is
 //! also the host's connection manager: on UDP port [`via_wire::cm::CM_PORT`]

@@ -11,6 +11,7 @@ use viad::client::{self, Agent};
 
 const USAGE: &str = "\
 usage: viad [--daemon] [--idle-timeout SECONDS] [--socket NAME] [--cm-port PORT]
+            [--max-connections-per-uid N]
        viad --stats [--socket NAME]
        viad --stop [--socket NAME]
 
@@ -19,6 +20,9 @@ usage: viad [--daemon] [--idle-timeout SECONDS] [--socket NAME] [--cm-port PORT]
   --socket NAME         abstract socket name (default $VIA_AGENT_SOCKET or openvia-viad)
   --cm-port PORT        UDP port of the connection managers of all hosts
                         (default $VIA_CM_PORT or 5197; 0 = this host only)
+  --max-connections-per-uid N
+                        most connections one uid may hold at the agent
+                        (default 1024; root and the agent's own uid are exempt)
   --stats               print the running agent's counters
   --stop                ask the running agent to exit
   -h, --help            show this text
@@ -34,6 +38,7 @@ struct Args {
     idle: Option<u64>,
     socket: Option<String>,
     cm_port: Option<u16>,
+    max_per_uid: Option<usize>,
 }
 
 /// Environment variable with the CM port (overridden by `--cm-port`).
@@ -56,6 +61,11 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--cm-port" => {
                 let v = value("a port number")?;
                 args.cm_port = Some(v.parse().map_err(|_| format!("bad --cm-port {v:?}"))?);
+            }
+            "--max-connections-per-uid" => {
+                let v = value("a number of connections")?;
+                let n = v.parse().ok().filter(|&n: &usize| n > 0);
+                args.max_per_uid = Some(n.ok_or(format!("bad --max-connections-per-uid {v:?}"))?);
             }
             _ => return Err(format!("unknown argument {arg:?}")),
         }
@@ -103,8 +113,12 @@ fn main() -> ExitCode {
         };
         return match result {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
+            Err(e @ client::AgentError::Unavailable(_)) => {
                 eprintln!("viad: no agent running on @{socket}: {e}");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("viad: @{socket}: {e}");
                 ExitCode::FAILURE
             }
         };
@@ -122,8 +136,11 @@ fn main() -> ExitCode {
             _ => via_wire::cm::CM_PORT,
         },
     };
-    let config =
-        Config { idle_timeout: Some(args.idle.unwrap_or(10)).filter(|&s| s > 0).map(Duration::from_secs), cm_port };
+    let config = Config {
+        idle_timeout: Some(args.idle.unwrap_or(10)).filter(|&s| s > 0).map(Duration::from_secs),
+        cm_port,
+        max_connections_per_uid: args.max_per_uid.unwrap_or(agent::MAX_CONNECTIONS_PER_UID),
+    };
     match args.daemon {
         true => daemon(&socket, &config),
         false => match agent::bind(&socket) {
@@ -146,6 +163,8 @@ fn serve(listener: OwnedFd, config: &Config) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("event loop failed: {e}");
+            // Also where no log is kept: the agent refused to run.
+            eprintln!("viad: {e}");
             ExitCode::FAILURE
         }
     }
@@ -229,6 +248,8 @@ mod tests {
         assert_eq!(a.cm_port, None);
         assert_eq!(args("--cm-port 6000").unwrap().cm_port, Some(6000));
         assert_eq!(args("--cm-port 0").unwrap().cm_port, Some(0));
+        assert_eq!(args("--max-connections-per-uid 7").unwrap().max_per_uid, Some(7));
+        assert_eq!(args("").unwrap().max_per_uid, None);
         assert!(args("--stats").unwrap().stats);
         for bad in [
             "--idle-timeout",
@@ -237,6 +258,9 @@ mod tests {
             "--cm-port",
             "--cm-port 65536",
             "--cm-port -1",
+            "--max-connections-per-uid",
+            "--max-connections-per-uid 0",
+            "--max-connections-per-uid x",
             "--bogus",
             "--stats --stop",
         ] {

@@ -122,6 +122,35 @@ pub enum ErrorKind {
     UnknownDevice,
     /// The request was acceptable on the wire but not otherwise.
     Invalid,
+    /// The client's uid may not do this (e.g. stop an agent that is neither
+    /// its own nor root's).
+    PermissionDenied,
+    /// The client's uid holds as many connections to the agent as it may
+    /// (see `agent::Config::max_connections_per_uid`); the connection is closed.
+    Limit,
+}
+
+impl ErrorKind {
+    /// The kind's byte on the wire.
+    fn code(self) -> u8 {
+        match self {
+            ErrorKind::UnknownDevice => 1,
+            ErrorKind::Invalid => 2,
+            ErrorKind::PermissionDenied => 3,
+            ErrorKind::Limit => 4,
+        }
+    }
+
+    /// The kind of wire byte `code`.
+    fn from_code(code: u8) -> Result<ErrorKind, ProtoError> {
+        match code {
+            1 => Ok(ErrorKind::UnknownDevice),
+            2 => Ok(ErrorKind::Invalid),
+            3 => Ok(ErrorKind::PermissionDenied),
+            4 => Ok(ErrorKind::Limit),
+            _ => Err(ProtoError("bad error kind")),
+        }
+    }
 }
 
 /// A reply from the agent.  `Incoming`, `Matched` and `PeerMatched` carry three
@@ -431,10 +460,7 @@ impl Reply {
             Reply::Done => w = Writer::new(0x88),
             Reply::Error { kind, message } => {
                 w = Writer::new(0x89);
-                w.u8(match kind {
-                    ErrorKind::UnknownDevice => 1,
-                    ErrorKind::Invalid => 2,
-                });
+                w.u8(kind.code());
                 // Error text is advisory: cut it rather than fail the reply.
                 let mut end = message.len().min(MAX_TEXT);
                 while !message.is_char_boundary(end) {
@@ -489,14 +515,7 @@ impl Reply {
                 Reply::Stats { counters, total }
             }
             0x88 => Reply::Done,
-            0x89 => Reply::Error {
-                kind: match r.u8()? {
-                    1 => ErrorKind::UnknownDevice,
-                    2 => ErrorKind::Invalid,
-                    _ => return Err(ProtoError("bad error kind")),
-                },
-                message: r.text()?,
-            },
+            0x89 => Reply::Error { kind: ErrorKind::from_code(r.u8()?)?, message: r.text()? },
             _ => return Err(ProtoError("unknown reply")),
         };
         r.end()?;
@@ -578,6 +597,9 @@ mod tests {
             Reply::Stats { counters: vec![("sessions".into(), 3), ("uptime_seconds".into(), 9)], total: 80 },
             Reply::Done,
             Reply::Error { kind: ErrorKind::UnknownDevice, message: "no such device".into() },
+            Reply::Error { kind: ErrorKind::Invalid, message: "bad segment size".into() },
+            Reply::Error { kind: ErrorKind::PermissionDenied, message: "only uid 0 may stop".into() },
+            Reply::Error { kind: ErrorKind::Limit, message: String::new() },
         ]
     }
 
@@ -619,6 +641,10 @@ mod tests {
         // A remote flag other than 0 or 1.
         assert_eq!(Reply::decode(&[VERSION, 0x83, 0, 0, 2]), Err(ProtoError("bad flag")));
         assert_eq!(Reply::decode(&[VERSION, 0x83, 0, 0, 1]), Ok(Reply::Matched { remote_info: vec![], remote: true }));
+        // Error kinds are 1 to 4.
+        for (code, ok) in [(0, false), (1, true), (4, true), (5, false), (0xff, false)] {
+            assert_eq!(Reply::decode(&[VERSION, 0x89, code, 0, 0]).is_ok(), ok, "kind {code}");
+        }
         // An answer carries no more than its info.
         assert!(Request::decode(&[VERSION, 8, 0]).is_err());
     }

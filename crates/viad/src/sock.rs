@@ -84,6 +84,41 @@ pub fn accept(listener: BorrowedFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Who is at the other end of a connected Unix socket, as the kernel saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cred {
+    /// Process id (0 when that process is not visible from this pid namespace).
+    pub pid: i32,
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+}
+
+/// The credentials of the peer of `fd` (`SO_PEERCRED`): for a connecting
+/// socket, those of the process that called `listen` on the other side; for
+/// an accepted one, those of the process that called `connect`.  The kernel
+/// records them, so neither side can lie about them.
+pub fn peer_cred(fd: BorrowedFd) -> io::Result<Cred> {
+    // SAFETY: ucred is plain data; all-zero is a valid value.
+    let mut cred: libc::ucred = unsafe { zeroed() };
+    let mut len = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` has room for `len` bytes, which the kernel fills.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    })?;
+    if len as usize != size_of::<libc::ucred>() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "short SO_PEERCRED"));
+    }
+    Ok(Cred { pid: cred.pid, uid: cred.uid, gid: cred.gid })
+}
+
 /// Creates a connected `SOCK_SEQPACKET` socket pair (close-on-exec).
 pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];

@@ -11,6 +11,8 @@ use viad::proto::{self, ListenReq};
 use viad::sock;
 
 const LO: [u8; 4] = [127, 0, 0, 1];
+/// The one size of connection segment the agent creates.
+const SEGMENT: usize = via_shm::CONN_SEGMENT_BYTES;
 const VIAD: &str = env!("CARGO_BIN_EXE_viad");
 
 struct Viad {
@@ -132,7 +134,7 @@ fn request<'a>(local: &'a [u8], remote_host: &'a [u8], remote: &'a [u8], inbox: 
         remote_disc: remote,
         info: local,
         inbox,
-        segment_bytes: 8192,
+        segment_bytes: SEGMENT as u64,
     }
 }
 
@@ -173,7 +175,7 @@ fn listen_then_connect_shares_resources() {
     assert_eq!((m.side, m.remote_info.as_slice()), (Side::A, &b"L-info"[..]));
     assert_eq!((inc.remote_host.as_slice(), inc.remote_disc.as_slice()), (&LO[..], &b"cli"[..]));
     assert_eq!(inc.remote_info, b"cli");
-    check_linked(m.fds.as_ref().unwrap(), ib.as_fd(), local(&inc), lib.as_fd(), 8192);
+    check_linked(m.fds.as_ref().unwrap(), ib.as_fd(), local(&inc), lib.as_fd(), SEGMENT);
     assert_eq!((v.stat("matched"), v.stat("listeners_waiting")), (1, 0));
 }
 
@@ -190,7 +192,7 @@ fn connect_then_listen_and_timeouts() {
     let ib = inbox();
     let inc = v.agent.listen(&LO, b"late", b"", ib.as_fd(), None).unwrap();
     let (m, cib) = requester.join().unwrap();
-    check_linked(m.fds.as_ref().unwrap(), cib.as_fd(), local(&inc), ib.as_fd(), 8192);
+    check_linked(m.fds.as_ref().unwrap(), cib.as_fd(), local(&inc), ib.as_fd(), SEGMENT);
 
     // A listen nobody answers ends with Timeout; a connect with NoMatch.
     let t = Instant::now();
@@ -282,9 +284,50 @@ fn peers_match_in_both_orders() {
         let (early, eib) = early.join().unwrap();
         assert_eq!((early.side, late.side), (Side::A, Side::B));
         assert_eq!((early.remote_info.as_slice(), late.remote_info.as_slice()), (second, first));
-        check_linked(early.fds.as_ref().unwrap(), eib.as_fd(), late.fds.as_ref().unwrap(), ib.as_fd(), 8192);
+        check_linked(early.fds.as_ref().unwrap(), eib.as_fd(), late.fds.as_ref().unwrap(), ib.as_fd(), SEGMENT);
     }
     assert_eq!((v.stat("peer_matched"), v.stat("peers_pending")), (2, 0));
+}
+
+#[test]
+fn segment_sizes_other_than_the_agents_are_refused() {
+    let v = Viad::start("seg", &[]);
+    let agent = v.agent.clone();
+    let listener = thread::spawn(move || {
+        let ib = inbox();
+        let inc = agent.listen(&LO, b"seg", b"", ib.as_fd(), Some(Duration::from_secs(10)));
+        (inc.unwrap(), ib)
+    });
+    v.await_stat("listeners_waiting", 1);
+    let ib = inbox();
+    // Neither 0 nor the agent's size: refused before anything is created,
+    // the listener still waits.  For another host too, before forwarding.
+    for (size, host, peer) in [
+        (8192, &LO[..], false),
+        (SEGMENT as u64 + 4096, &LO[..], true),
+        (SEGMENT as u64 - 1, &LO[..], false),
+        (1, &[10, 255, 255, 1][..], false),
+    ] {
+        let mut req = request(b"c", host, b"seg", ib.as_fd());
+        req.segment_bytes = size;
+        let err = match peer {
+            true => v.agent.peer_connect(&req, Duration::from_secs(1)),
+            false => v.agent.connect(&req, Duration::from_secs(1)),
+        }
+        .unwrap_err();
+        match err {
+            AgentError::Protocol(m) => assert!(m.contains("segment size"), "{size}: {m}"),
+            other => panic!("{size}: {other:?}"),
+        }
+    }
+    assert_eq!((v.stat("protocol_errors"), v.stat("listeners_waiting")), (4, 1));
+    assert_eq!((v.stat("unreachable"), v.stat("cm_requests_sent")), (0, 0));
+    // 0 leaves the size to the agent.
+    let mut req = request(b"c", &LO, b"seg", ib.as_fd());
+    req.segment_bytes = 0;
+    let m = v.agent.connect(&req, Duration::from_secs(5)).unwrap();
+    let (inc, lib) = listener.join().unwrap();
+    check_linked(m.fds.as_ref().unwrap(), ib.as_fd(), local(&inc), lib.as_fd(), SEGMENT);
 }
 
 #[test]

@@ -18,6 +18,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use via_wire::cm::{CmEndpoint, CmMessage, CM_PORT};
+use viad::agent::ANSWER_TIME;
 use viad::client::{decode_endpoint, encode_endpoint, Agent, AgentError, Incoming, Matched, Request, Side, Transport};
 
 const VIAD: &str = env!("CARGO_BIN_EXE_viad");
@@ -250,7 +251,7 @@ impl Ask {
             remote_disc: &self.remote_disc,
             info: &self.info,
             inbox: ib.as_fd(),
-            segment_bytes: 8192,
+            segment_bytes: 0,
         };
         match peer {
             true => agent.peer_connect(&req, timeout),
@@ -672,4 +673,40 @@ fn ipv6_across_hosts() {
     remote_matched(&late, Side::A, &ep_a);
     remote_matched(&early.join().unwrap().unwrap(), Side::B, &ep_b);
     assert_eq!((a.stat("cm_accepts"), b.stat("cm_accepts")), (2, 2));
+}
+
+#[test]
+fn a_listener_that_never_answers_loses_the_request() {
+    let Some(net) = Net::new("a_listener_that_never_answers_loses_the_request") else {
+        return;
+    };
+    let a = NsAgent::start(&net.a, &[], &[]);
+    let b = NsAgent::start(&net.b, &[], &[]);
+    let (a4, b4) = (net.a4, net.b4);
+    let ep_a = endpoint(&format!("10.77.{}.1:40001", a4[2]), 1);
+    let ep_b = endpoint(&format!("10.77.{}.2:40002", a4[2]), 2);
+    let ask = Ask::new((&a4, b"cli"), (&b4, b"svc"), &ep_a);
+    let requester = a.spawn(move |agent| ask.connect(&agent, 20 * SECOND));
+    b.await_stat("cm_requests_received", 1);
+
+    // The first listener takes the request and sits on it; a second one waits.
+    let inc = b.run(move |agent| listen(&agent, &b4, b"svc", 5 * SECOND).unwrap());
+    let taken = Instant::now();
+    let Transport::Remote(silent) = inc.transport else {
+        panic!("local transport");
+    };
+    let listener = answering_listener(&b, b4, b"svc", Some(ep_b.clone()));
+    // After ANSWER_TIME the request goes to the second listener.
+    let m = requester.join().unwrap().unwrap();
+    assert!(taken.elapsed() >= ANSWER_TIME - ms(100), "requeued after {:?}", taken.elapsed());
+    remote_matched(&m, Side::A, &ep_b);
+    let (_, disc, ep, result) = listener.join().unwrap();
+    result.unwrap();
+    assert_eq!((disc, ep), (b"cli".to_vec(), Some(ep_a)));
+    // The first listener's late answer finds the request gone.
+    let err = silent.accept(&encode_endpoint(&ep_b)).unwrap_err();
+    assert!(matches!(err, AgentError::NoMatch), "{err:?}");
+    let s = b.stats();
+    assert_eq!((s["answer_timeouts"], s["remote_listeners_matched"]), (1, 2));
+    assert_eq!((s["cm_accepts"], s["clients"]), (1, 1));
 }
