@@ -11,6 +11,8 @@
 #   make example              build and run examples/pingpong against the stage
 #   make bench                viabench against the floors and other stacks
 #                             (bench/compare; writes bench/report.md)
+#   make test-hostile         the adversarial suite: a hostile peer against VIA programs
+#                             (tests/hostile/run.sh; as root, the attacker runs as uid 65534)
 #   make test-cluster         stage an install, run the multi-host tests on hosts
 #                             emulated by network namespaces (tests/cluster/run.sh;
 #                             needs root and iproute2, else every case is skipped)
@@ -43,8 +45,8 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance
-VALGRIND_TESTS := api_errors memory sendrecv
+TESTS := api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance badinput
+VALGRIND_TESTS := api_errors memory sendrecv badinput
 EXAMPLES := pingpong
 
 TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread
@@ -57,7 +59,7 @@ VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
 VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
 
 .PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-tuning test-c-asan \
-	test-c-valgrind test-cluster example test-c-build test-c-asan-build clean
+	test-c-valgrind test-hostile test-cluster example test-c-build test-c-asan-build clean
 
 all:
 	$(CARGO) build --release
@@ -104,6 +106,7 @@ test: setup
 	$(MAKE) --no-print-directory test-c-tuning
 	$(MAKE) --no-print-directory test-c-asan
 	$(MAKE) --no-print-directory test-c-valgrind
+	$(MAKE) --no-print-directory test-hostile
 	$(MAKE) --no-print-directory test-cluster
 	$(MAKE) --no-print-directory test-bench
 	$(MAKE) --no-print-directory test-reproduce
@@ -171,6 +174,14 @@ test-c-valgrind: test-c-build
 
 test-cluster: stage
 	STAGE=$(STAGE) sh tests/cluster/run.sh
+
+# The adversarial suite: a hostile peer (run as uid 65534 where root)
+# against VIA programs built on the staged install (tests/hostile/run.sh).
+test-hostile: stage
+	@mkdir -p $(BUILD)/tests/hostile
+	$(CC) $(TEST_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/hostile/victim tests/hostile/victim.c $(VIPL_LIBS)
+	$(CARGO) build --release -p via-hostile
+	STAGE=$(STAGE) sh tests/hostile/run.sh $(BUILD)/tests/hostile/victim $(RELEASE)/via-hostile
 
 # ------------------------------------------------------------------
 # Examples

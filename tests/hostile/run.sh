@@ -1,0 +1,133 @@
+#!/bin/sh
+# openvia's adversarial suite: each case pairs a victim (victim.c, a VIA
+# program against the installed vipl.h) with a hostile peer (via-hostile)
+# and, where the attack aims at a third process, a bystander, and asserts
+# the invariant of docs/security.md that the attack tests.
+#
+#   run.sh VICTIM HOSTILE
+#
+# As root, the attacker and the bystander run as uid 65534 (setpriv), as a
+# hostile local user would; otherwise as the caller.  The host agent of the
+# run is started first, as the caller, on a socket name unique to the run.
+# Environment: STAGE (the staged install, for viad).
+set -u
+
+victim=$1
+hostile=$2
+viad=${STAGE:+$STAGE/bin/}viad
+
+VIA_AGENT_SOCKET=openvia-hostile-$$-$(date +%s%N)
+export VIA_AGENT_SOCKET
+"$viad" --daemon --socket "$VIA_AGENT_SOCKET" || { echo "hostile: cannot start $viad"; exit 1; }
+work=$(mktemp -d)
+chmod 1777 "$work"
+trap '"$viad" --stop --socket "$VIA_AGENT_SOCKET" >/dev/null 2>&1; rm -rf "$work"' EXIT
+
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
+    as_other() { setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"; }
+    echo "hostile: the attacker runs as uid 65534"
+else
+    as_other() { "$@"; }
+    echo "hostile: the attacker runs as $(id -un) (not root: no other user to be)"
+fi
+
+passed=0
+failed=0
+failures=
+
+# result NAME STATUS...: the case passed if every status is 0.
+result() {
+    name=$1
+    shift
+    for st in "$@"; do
+        if [ "$st" != 0 ]; then
+            echo "FAIL $name (statuses: $*)"
+            failed=$((failed + 1))
+            failures="$failures $name"
+            return
+        fi
+    done
+    echo "PASS $name"
+    passed=$((passed + 1))
+}
+
+# Waits until file $1 exists, up to 10 s.
+await() {
+    i=0
+    while [ ! -e "$1" ] && [ $i -lt 200 ]; do
+        sleep 0.05
+        i=$((i + 1))
+    done
+}
+
+# 1. A peer claims to be a bystander so that the victim's cross-memory
+#    copy lands in the bystander: the kernel refuses the claim, the copy
+#    targets the peer itself, the bystander's memory is unchanged.
+addr=0x7e5500000000
+disc=forge-pid-$$
+as_other timeout 60 "$hostile" bystander "$work" $addr &
+bystander=$!
+await "$work/bystander.pid"
+timeout 60 "$victim" send $disc 16384 &
+v=$!
+sleep 0.3
+as_other timeout 60 "$hostile" forge-pid $disc "$work" $addr 16384
+h=$?
+wait $v
+vs=$?
+touch "$work/done"
+wait $bystander
+result confused-deputy $h $vs $?
+
+# 2. A peer tries to write the victim's registry table.
+disc=table-$$
+timeout 60 "$victim" table $disc &
+v=$!
+sleep 0.3
+as_other timeout 60 "$hostile" table-write $disc
+h=$?
+wait $v
+result registry-table-read-only $h $?
+
+# 3. A peer breaks the connection with a code not in the specification.
+disc=break-$$
+timeout 60 "$victim" break $disc &
+v=$!
+sleep 0.3
+as_other timeout 60 "$hostile" break-code $disc
+h=$?
+wait $v
+result peer-error-code $h $?
+
+# 4. A client that never completes its handshake does not keep a
+#    listener (waiting with VIP_INFINITE) from the next, honest client.
+disc=silent-$$
+timeout 15 "$victim" listen $disc &
+v=$!
+sleep 0.3
+as_other timeout 60 "$hostile" silent $disc 20 &
+h=$!
+sleep 0.5
+timeout 30 "$victim" client $disc
+c=$?
+wait $v
+vs=$?
+kill $h 2>/dev/null
+wait $h 2>/dev/null
+result handshake-deadline $vs $c
+
+# 5. A client asks for a 256 MiB connection segment: refused before the
+#    listener maps anything, and the listener serves the next client.
+disc=big-$$
+timeout 30 "$victim" listen $disc &
+v=$!
+sleep 0.3
+as_other timeout 60 "$hostile" big-segment $disc
+h=$?
+timeout 30 "$victim" client $disc
+c=$?
+wait $v
+result segment-size $h $c $?
+
+echo "hostile: $passed passed, $failed failed"
+[ $failed = 0 ] || { echo "failed:$failures"; exit 1; }

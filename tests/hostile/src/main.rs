@@ -1,0 +1,377 @@
+//! openvia's hostile peer.
+//!
+//! A process that connects to a VIA program through the real host agent
+//! and then speaks the peer protocol as an attacker would: it lies where a
+//! peer can lie and tries what a peer of another user can try.  Each
+//! subcommand is one attack; it exits 0 when every attempt was refused as
+//! `docs/security.md` says it must be, 1 (with the reason on stderr) when
+//! an attempt got through, 2 on a usage or set-up error.  `run.sh` pairs
+//! each attack with a victim (`victim.c`, a VIA program written against
+//! `vipl.h`) and, where the attack aims at a third process, a bystander.
+//!
+//! ```text
+//! via-hostile bystander DIR ADDR             memory at ADDR, pid and checksum in DIR
+//! via-hostile forge-pid DISC DIR ADDR LEN    a receive at ADDR; claims the bystander's pid
+//! via-hostile table-write DISC               tries to write the victim's registry table
+//! via-hostile break-code DISC                breaks the connection with a code not in the specification
+//! via-hostile silent DISC SECONDS            connects and never says Ready
+//! via-hostile big-segment DISC               asks for a 256 MiB connection segment
+//! ```
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use via_core::consts::SERVICE_UNRELIABLE;
+use via_provider::endpoint::{Endpoint, PeerMessage, NO_CQ};
+use via_provider::peer_channel;
+use via_provider::timeout::Deadline;
+use via_shm::{ConnSegment, Inbox, RecvSeg, SharedRegion, Side, TableSegment, CONN_SEGMENT_BYTES};
+use viad::client::{self, ConnFds, Request, Session};
+
+/// The VI attributes both sides of every attack use (victim.c agrees).
+const MAX_TRANSFER: u64 = 65536;
+/// Byte the bystander fills its memory with.
+const BYSTANDER_BYTE: u8 = 0xB7;
+/// Byte the victim sends.
+const VICTIM_BYTE: u8 = 0x5A;
+
+type Outcome = Result<(), String>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let outcome = match a.as_slice() {
+        ["bystander", dir, addr] => bystander(Path::new(dir), parse(addr)),
+        ["forge-pid", disc, dir, addr, len] => forge_pid(disc, Path::new(dir), parse(addr), parse(len)),
+        ["table-write", disc] => table_write(disc),
+        ["break-code", disc] => break_code(disc),
+        ["silent", disc, secs] => silent(disc, parse(secs)),
+        ["big-segment", disc] => big_segment(disc),
+        _ => {
+            eprintln!("usage: see the module documentation of tests/hostile/src/main.rs");
+            return ExitCode::from(2);
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(why) => {
+            eprintln!("via-hostile {}: ATTACK SUCCEEDED OR SET-UP FAILED: {why}", a.first().unwrap_or(&""));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn parse(s: &str) -> u64 {
+    let parsed = match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed.unwrap_or_else(|_| {
+        eprintln!("not a number: {s}");
+        std::process::exit(2)
+    })
+}
+
+/// Maps `len` zeroed bytes at exactly `addr` in this process.
+fn map_at(addr: u64, len: usize) -> Result<*mut u8, String> {
+    // SAFETY: a fresh anonymous mapping at an address nothing else uses
+    // (MAP_FIXED_NOREPLACE fails rather than replace a mapping).
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED || p as u64 != addr {
+        return Err(format!("cannot map {len} bytes at {addr:#x}: {}", io::Error::last_os_error()));
+    }
+    Ok(p.cast())
+}
+
+/// A third process that never uses VIA: memory at a known address, which
+/// no attack may change.  Writes its pid to DIR/bystander.pid, then waits
+/// for DIR/done and checks its memory.
+fn bystander(dir: &Path, addr: u64) -> Outcome {
+    const LEN: usize = 1 << 20;
+    let p = map_at(addr, LEN)?;
+    // SAFETY: `p` is LEN bytes of our own mapping.
+    let mem = unsafe { std::slice::from_raw_parts_mut(p, LEN) };
+    mem.fill(BYSTANDER_BYTE);
+    std::fs::write(dir.join("bystander.pid"), std::process::id().to_string()).map_err(|e| e.to_string())?;
+    let until = Instant::now() + Duration::from_secs(60);
+    while !dir.join("done").exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match mem.iter().position(|&b| b != BYSTANDER_BYTE) {
+        None => Ok(()),
+        Some(at) => Err(format!("the bystander's memory changed at {:#x}", addr + at as u64)),
+    }
+}
+
+/// What an attacker holds to connect through the agent: a session, its
+/// own CQ inbox and registry table, the host's address.
+struct Attacker {
+    _session: Session,
+    inbox: Inbox,
+    table: TableSegment,
+    host: Vec<u8>,
+}
+
+impl Attacker {
+    fn new() -> Result<Attacker, String> {
+        let (session, info) = Session::open("/dev/via_lo").map_err(|e| format!("open /dev/via_lo: {e}"))?;
+        let inbox = Inbox::create().map_err(|e| e.to_string())?;
+        let table = TableSegment::create().map_err(|e| e.to_string())?;
+        Ok(Attacker { _session: session, inbox, table, host: info.host_addr })
+    }
+
+    /// Asks the agent for the listener on `disc`.
+    fn connect(&self, disc: &str, segment_bytes: u64) -> Result<ConnFds, client::AgentError> {
+        let local_disc = format!("hostile-{}", std::process::id());
+        let req = Request {
+            local_host: &self.host,
+            local_disc: local_disc.as_bytes(),
+            remote_host: &self.host,
+            remote_disc: disc.as_bytes(),
+            info: &[],
+            inbox: self.inbox.fd(),
+            segment_bytes,
+        };
+        let matched = client::connect(&req, Duration::from_secs(20))?;
+        matched.fds.ok_or(client::AgentError::Unreachable)
+    }
+
+    /// Connects honestly up to the victim's Accept: maps the segment, runs
+    /// `before_ready` on it, says Ready, and returns the Accept's fd (the
+    /// victim's registry table).
+    fn handshake(&self, disc: &str, before_ready: impl FnOnce(&ConnSegment) -> Outcome) -> Result<Connection, String> {
+        let fds = self.connect(disc, CONN_SEGMENT_BYTES as u64).map_err(|e| format!("connect: {e}"))?;
+        peer_channel::expect_credentials(fds.socket.as_fd()).map_err(|e| e.to_string())?;
+        let region = SharedRegion::map(fds.segment).map_err(|e| e.to_string())?;
+        let seg = ConnSegment::new(region, Side::A).map_err(|e| e.to_string())?;
+        before_ready(&seg)?;
+        let ready = PeerMessage::Ready(endpoint());
+        peer_channel::send(fds.socket.as_fd(), &ready, Some(self.table.fd())).map_err(|e| format!("Ready: {e}"))?;
+        let accept = peer_channel::recv(fds.socket.as_fd(), &Deadline::after_ms(20_000))
+            .map_err(|e| format!("waiting for Accept: {e}"))?
+            .ok_or("no Accept within 20 s")?;
+        match accept.msg {
+            PeerMessage::Accept(_) => {}
+            other => return Err(format!("the victim answered {other:?}")),
+        }
+        let table = accept.fd.ok_or("the Accept brought no registry table")?;
+        Ok(Connection { _seg: seg, socket: fds.socket, victim_table: table })
+    }
+}
+
+/// An established connection to the victim.
+struct Connection {
+    _seg: ConnSegment,
+    socket: OwnedFd,
+    victim_table: OwnedFd,
+}
+
+/// The endpoint an attacker states: what victim.c's VI expects.
+fn endpoint() -> Endpoint {
+    Endpoint {
+        vi: 1,
+        recv_cq: NO_CQ,
+        reliability: SERVICE_UNRELIABLE,
+        max_transfer: MAX_TRANSFER,
+        rdma_write: true,
+        rdma_read: false,
+        ptag: 1,
+    }
+}
+
+/// The confused deputy: the victim's large send is written by cross-memory
+/// attach into the receive this peer publishes.  The peer publishes the
+/// bystander's address and claims to be the bystander.  The kernel refuses
+/// the claim, the victim targets the process the kernel names, and the
+/// victim's bytes land here, at the same address, not in the bystander.
+fn forge_pid(disc: &str, dir: &Path, addr: u64, len: u64) -> Outcome {
+    let bystander: i32 = std::fs::read_to_string(dir.join("bystander.pid"))
+        .map_err(|e| format!("no bystander pid: {e}"))?
+        .trim()
+        .parse()
+        .map_err(|_| "bad bystander pid")?;
+    let len = len as usize;
+    let here = map_at(addr, len)?;
+    let attacker = Attacker::new()?;
+    let fds = attacker.connect(disc, CONN_SEGMENT_BYTES as u64).map_err(|e| format!("connect: {e}"))?;
+    let region = SharedRegion::map(fds.segment).map_err(|e| e.to_string())?;
+    let seg = ConnSegment::new(region, Side::A).map_err(|e| e.to_string())?;
+    seg.my_recvs().publish([RecvSeg { addr, len: len as u32 }]).map_err(|e| e.to_string())?;
+    // The lie: Ready in the bystander's name.
+    let ready = PeerMessage::Ready(endpoint());
+    match send_claiming(fds.socket.as_fd(), &ready.encode(), bystander, attacker.table.fd()) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
+        Err(e) => return Err(format!("sending forged credentials failed oddly: {e}")),
+        Ok(()) => return Err("the kernel carried credentials naming another process".into()),
+    }
+    // The truth, since the lie did not go out.
+    peer_channel::send(fds.socket.as_fd(), &ready, Some(attacker.table.fd())).map_err(|e| e.to_string())?;
+    let accept = peer_channel::recv(fds.socket.as_fd(), &Deadline::after_ms(20_000))
+        .map_err(|e| format!("waiting for Accept: {e}"))?
+        .ok_or("no Accept within 20 s")?;
+    if !matches!(accept.msg, PeerMessage::Accept(_)) {
+        return Err(format!("the victim answered {:?}", accept.msg));
+    }
+    // SAFETY: `here` is `len` bytes of our own mapping.
+    let mem = unsafe { std::slice::from_raw_parts(here, len) };
+    let until = Instant::now() + Duration::from_secs(20);
+    // SAFETY: a volatile read of our own memory, which the victim writes.
+    while unsafe { std::ptr::read_volatile(here.add(len - 1)) } != VICTIM_BYTE && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match mem.iter().position(|&b| b != VICTIM_BYTE) {
+        None => Ok(()),
+        Some(at) => Err(format!("the victim's send did not land here (byte {at} is {:#x})", mem[at])),
+    }
+}
+
+/// Sends `bytes` with credentials that name `pid` and one fd.
+fn send_claiming(socket: BorrowedFd, bytes: &[u8], pid: i32, fd: BorrowedFd) -> io::Result<()> {
+    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    // SAFETY: the CMSG macros write within `control`, which holds both
+    // control messages.
+    unsafe {
+        let creds = libc::ucred { pid, uid: libc::geteuid(), gid: libc::getegid() };
+        let space = libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) + libc::CMSG_SPACE(size_of::<i32>() as u32);
+        let mut control = vec![0u64; (space as usize).div_ceil(8)];
+        let mut hdr: libc::msghdr = zeroed();
+        hdr.msg_iov = &mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = space as usize;
+        let c = libc::CMSG_FIRSTHDR(&hdr);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_CREDENTIALS;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>(), creds);
+        let c = libc::CMSG_NXTHDR(&hdr, c);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<i32>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd.as_raw_fd());
+        match libc::sendmsg(socket.as_raw_fd(), &hdr, libc::MSG_NOSIGNAL) {
+            n if n >= 0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
+    }
+}
+
+/// Tries every way to write the victim's registry table: a writable
+/// mapping of the fd, of a fresh open of it, a write, a resize, and making
+/// a read-only mapping writable.  Each must be refused.
+fn table_write(disc: &str) -> Outcome {
+    let attacker = Attacker::new()?;
+    let conn = attacker.handshake(disc, |_| Ok(()))?;
+    let fd = conn.victim_table.as_raw_fd();
+    let len = via_shm::TABLE_SEGMENT_BYTES;
+    let mut got_through = Vec::new();
+    let try_map = |fd: i32, prot: i32| {
+        // SAFETY: a mapping of a file we hold; unmapped at once if made.
+        unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, 0);
+            if p == libc::MAP_FAILED {
+                None
+            } else {
+                Some(p)
+            }
+        }
+    };
+    if let Some(p) = try_map(fd, libc::PROT_READ | libc::PROT_WRITE) {
+        scribble(p, len);
+        got_through.push("a writable mapping of the fd");
+    }
+    let path = format!("/proc/self/fd/{fd}");
+    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open(&path) {
+        if let Some(p) = try_map(f.as_raw_fd(), libc::PROT_READ | libc::PROT_WRITE) {
+            scribble(p, len);
+            got_through.push("a writable mapping of a fresh open");
+        }
+        // SAFETY: write and ftruncate on a file we opened.
+        unsafe {
+            if libc::pwrite(f.as_raw_fd(), [0xFFu8; 64].as_ptr().cast(), 64, 0) > 0 {
+                got_through.push("a write to a fresh open");
+            }
+            if libc::ftruncate(f.as_raw_fd(), 0) == 0 {
+                got_through.push("truncating it");
+            }
+        }
+    }
+    match try_map(fd, libc::PROT_READ) {
+        // SAFETY: mprotect of our own mapping.
+        Some(p) if unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_WRITE) } == 0 => {
+            scribble(p, len);
+            got_through.push("making a read-only mapping writable");
+        }
+        Some(_) => {}
+        None => return Err("the victim's table cannot even be mapped read-only".into()),
+    }
+    drop(conn.socket);
+    match got_through.is_empty() {
+        true => Ok(()),
+        false => Err(format!("the victim's registry table could be written by: {}", got_through.join(", "))),
+    }
+}
+
+/// Fills a mapping of the victim's table with garbage.
+fn scribble(p: *mut libc::c_void, len: usize) {
+    // SAFETY: `p` is a writable mapping of `len` bytes.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0xFF, len) };
+}
+
+/// Breaks the connection with an error code the specification does not
+/// have; the victim's error callback must see `VIP_ERROR_CONN_LOST`.
+fn break_code(disc: &str) -> Outcome {
+    let attacker = Attacker::new()?;
+    let conn = attacker.handshake(disc, |_| Ok(()))?;
+    let mut bytes = vec![5u8];
+    bytes.extend_from_slice(&0xDEAD_BEEFu32.to_le_bytes());
+    // SAFETY: a plain send on our socket.
+    let n = unsafe { libc::send(conn.socket.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), libc::MSG_NOSIGNAL) };
+    if n != bytes.len() as isize {
+        return Err(format!("send: {}", io::Error::last_os_error()));
+    }
+    // Keep the connection until the victim has seen it.
+    std::thread::sleep(Duration::from_secs(2));
+    Ok(())
+}
+
+/// Connects, maps nothing and never says Ready, holding the connection for
+/// `secs`: the listener must go on to the next request meanwhile.
+fn silent(disc: &str, secs: u64) -> Outcome {
+    let attacker = Attacker::new()?;
+    let fds = attacker.connect(disc, CONN_SEGMENT_BYTES as u64).map_err(|e| format!("connect: {e}"))?;
+    std::thread::sleep(Duration::from_secs(secs));
+    drop(fds);
+    Ok(())
+}
+
+/// Asks for a connection segment of 256 MiB: refused by the agent, or by
+/// the listener before it maps anything.
+fn big_segment(disc: &str) -> Outcome {
+    let attacker = Attacker::new()?;
+    match attacker.connect(disc, 256 << 20) {
+        Err(_) => Ok(()),
+        Ok(fds) => {
+            // The agent made it: the victim must refuse to map it, which
+            // closes its end of the socket pair at once.
+            let got = peer_channel::recv(fds.socket.as_fd(), &Deadline::after_ms(10_000));
+            match got {
+                Err(_) => Ok(()),
+                Ok(m) => Err(format!("a 256 MiB segment was accepted by the agent and the listener answered {m:?}")),
+            }
+        }
+    }
+}

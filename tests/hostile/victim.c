@@ -1,0 +1,173 @@
+/* openvia's adversarial suite: the victim, a VIA program written against
+ * vipl.h that a hostile peer (via-hostile) attacks.  Each mode asserts
+ * what the victim must see; run.sh asserts what the attacker and a
+ * bystander see.
+ *
+ *   victim send DISC LEN     accept, send LEN bytes of 0x5A (a large send
+ *                            is written by cross-memory attach into the
+ *                            receive the peer published)
+ *   victim table DISC        register memory, accept; after the peer has
+ *                            tried to write the registry table, deregister
+ *   victim break DISC        accept; the error callback must report only
+ *                            the specification's codes, CONN_LOST among them
+ *   victim listen DISC       wait (VIP_INFINITE) and accept the first
+ *                            client that completes its handshake
+ *   victim client DISC       an honest client of "victim listen"
+ */
+#include "../c/vt.h"
+
+#define MTU 65536UL
+
+typedef struct {
+    VIP_NIC_HANDLE nic;
+    VIP_PROTECTION_HANDLE ptag;
+    VIP_VI_HANDLE vi;
+    vt_errlog errs;
+} victim;
+
+static void victim_open(victim *v)
+{
+    v->nic = vt_open_nic(VT_DEV);
+    vt_errlog_init(&v->errs);
+    CHECK_OK(VipErrorCallback(v->nic, &v->errs, vt_errlog_handler));
+    CHECK_OK(VipCreatePtag(v->nic, &v->ptag));
+    VIP_VI_ATTRIBUTES va = vt_vi_attrs(VIP_SERVICE_UNRELIABLE, v->ptag, MTU, VIP_TRUE, VIP_FALSE);
+    CHECK_OK(VipCreateVi(v->nic, &va, NULL, NULL, &v->vi));
+}
+
+/* Waits for a request on disc (timeout_ms) and accepts it. */
+static VIP_RETURN victim_accept(victim *v, const char *disc, VIP_ULONG timeout_ms)
+{
+    VIP_NET_ADDRESS *local = vt_addr_local(v->nic, disc);
+    VIP_NET_ADDRESS *remote = vt_addr_buf();
+    VIP_VI_ATTRIBUTES ra;
+    VIP_CONN_HANDLE conn = NULL;
+    VIP_RETURN r = VipConnectWait(v->nic, local, timeout_ms, remote, &ra, &conn);
+    if (r == VIP_SUCCESS)
+        r = VipConnectAccept(conn, v->vi);
+    free(local);
+    free(remote);
+    return r;
+}
+
+/* Waits until the peer has gone (the VI leaves CONNECTED) or ms pass. */
+static void victim_wait_peer_gone(victim *v, unsigned ms)
+{
+    double until = vt_now_ms() + ms;
+    while (vt_vi_state(v->vi) == VIP_STATE_CONNECTED && vt_now_ms() < until)
+        vt_sleep_ms(5);
+}
+
+static void victim_close(victim *v)
+{
+    if (vt_vi_state(v->vi) != VIP_STATE_IDLE)
+        CHECK_OK(VipDisconnect(v->vi));
+    CHECK_OK(VipDestroyVi(v->vi));
+    CHECK_OK(VipDestroyPtag(v->nic, v->ptag));
+    CHECK_OK(VipCloseNic(v->nic));
+}
+
+static int mode_send(const char *disc, size_t len)
+{
+    victim v;
+    victim_open(&v);
+    vt_mem buf, descs;
+    vt_mem_reg(&buf, v.nic, v.ptag, len, VIP_FALSE, VIP_FALSE);
+    memset(buf.base, 0x5A, len);
+    vt_mem_reg(&descs, v.nic, v.ptag, 4096, VIP_FALSE, VIP_FALSE);
+    CHECK_OK(victim_accept(&v, disc, VT_WAIT_MS));
+    VIP_DESCRIPTOR *d = (VIP_DESCRIPTOR *)(void *)descs.base;
+    vt_desc_send(d, 0, 0, buf.base, buf.mh, len, 1);
+    CHECK_OK(VipPostSend(v.vi, d, descs.mh));
+    VIP_DESCRIPTOR *done = NULL;
+    CHECK_OK(VipSendWait(v.vi, VT_WAIT_MS, &done));
+    CHECK(done == d);
+    char s[128];
+    printf("victim: send of %zu bytes completed: %s\n", len, vt_status_str(d->CS.Status, s, sizeof s));
+    victim_wait_peer_gone(&v, 5000);
+    vt_mem_dereg(&buf);
+    vt_mem_dereg(&descs);
+    victim_close(&v);
+    return 0;
+}
+
+static int mode_table(const char *disc)
+{
+    victim v;
+    victim_open(&v);
+    vt_mem target;
+    vt_mem_reg(&target, v.nic, v.ptag, 1 << 16, VIP_TRUE, VIP_TRUE);
+    CHECK_OK(victim_accept(&v, disc, VT_WAIT_MS));
+    victim_wait_peer_gone(&v, VT_WAIT_MS);
+    /* Had the peer rewritten the table, these would fail. */
+    vt_mem_dereg(&target);
+    vt_mem again;
+    vt_mem_reg(&again, v.nic, v.ptag, 1 << 16, VIP_TRUE, VIP_FALSE);
+    vt_mem_dereg(&again);
+    victim_close(&v);
+    printf("victim: the registry is intact\n");
+    return 0;
+}
+
+static int mode_break(const char *disc)
+{
+    victim v;
+    victim_open(&v);
+    CHECK_OK(victim_accept(&v, disc, VT_WAIT_MS));
+    CHECK_ERROR_REPORTED(&v.errs, VIP_ERROR_CONN_LOST, v.vi);
+    pthread_mutex_lock(&v.errs.mu);
+    for (int i = 0; i < v.errs.n; i++)
+        if ((unsigned)v.errs.e[i].ErrorCode > (unsigned)VIP_ERROR_CATASTROPHIC)
+            VT_FAIL("the error callback got code %u, not one of the specification's",
+                    (unsigned)v.errs.e[i].ErrorCode);
+    pthread_mutex_unlock(&v.errs.mu);
+    CHECK_STATE(VIP_STATE_ERROR, v.vi);
+    victim_close(&v);
+    printf("victim: the peer's bogus code reached the callback as VIP_ERROR_CONN_LOST\n");
+    return 0;
+}
+
+static int mode_listen(const char *disc)
+{
+    victim v;
+    victim_open(&v);
+    double t0 = vt_now_ms();
+    CHECK_OK(victim_accept(&v, disc, VIP_INFINITE));
+    printf("victim: accepted an honest client after %.0f ms\n", vt_now_ms() - t0);
+    victim_wait_peer_gone(&v, VT_WAIT_MS);
+    victim_close(&v);
+    return 0;
+}
+
+static int mode_client(const char *disc)
+{
+    victim v;
+    victim_open(&v);
+    VIP_NET_ADDRESS *local = vt_addr_local(v.nic, "honest-client");
+    VIP_NET_ADDRESS *remote = vt_addr_local(v.nic, disc);
+    VIP_VI_ATTRIBUTES ra;
+    double t0 = vt_now_ms();
+    CHECK_OK(VipConnectRequest(v.vi, local, remote, VT_WAIT_MS, &ra));
+    printf("victim client: connected after %.0f ms\n", vt_now_ms() - t0);
+    free(local);
+    free(remote);
+    victim_close(&v);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    vt_init();
+    if (argc == 4 && strcmp(argv[1], "send") == 0)
+        return mode_send(argv[2], (size_t)strtoul(argv[3], NULL, 0));
+    if (argc == 3 && strcmp(argv[1], "table") == 0)
+        return mode_table(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "break") == 0)
+        return mode_break(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "listen") == 0)
+        return mode_listen(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "client") == 0)
+        return mode_client(argv[2]);
+    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | listen DISC | client DISC\n");
+    return 2;
+}
