@@ -1064,6 +1064,13 @@ impl NetState {
         self.outbound.insert(gather)
     }
 
+    /// Keeps the bytes of a message that must not be read again from
+    /// where they came from (an RDMA read's answer: the region may be
+    /// deregistered before the last retransmission); returns its token.
+    pub fn remember_snapshot(&mut self, bytes: Box<[u8]>) -> u64 {
+        self.outbound.insert_snapshot(bytes)
+    }
+
     /// Sends everything the session has to send on `link` (whose state
     /// this is), and collects its events.
     pub fn flush(&mut self, link: &NetLink, events: &mut NetEvents<'_>) {
@@ -1180,7 +1187,15 @@ impl NetState {
 pub(crate) struct Outbound {
     /// The token of `slots[0]`; tokens start at 1 (0 means none).
     first: u64,
-    slots: VecDeque<Option<Gather>>,
+    slots: VecDeque<Option<Held>>,
+}
+
+/// A message's buffers, and the bytes they point into where the message
+/// owns them.
+struct Held {
+    gather: Gather,
+    /// Never read here: `gather` points into it, and it lives as long.
+    _snapshot: Option<Box<[u8]>>,
 }
 
 impl Default for Outbound {
@@ -1192,14 +1207,25 @@ impl Default for Outbound {
 impl Outbound {
     /// Keeps `gather`; returns its token.
     pub fn insert(&mut self, gather: Gather) -> u64 {
-        self.slots.push_back(Some(gather));
+        self.slots.push_back(Some(Held { gather, _snapshot: None }));
+        self.first + self.slots.len() as u64 - 1
+    }
+
+    /// Keeps `bytes` as a message of its own; returns its token.
+    pub fn insert_snapshot(&mut self, bytes: Box<[u8]>) -> u64 {
+        // The heap block does not move with the box.
+        let gather = match bytes.len() {
+            0 => Gather::new(),
+            n => smallvec::smallvec![(bytes.as_ptr() as u64, n as u32)],
+        };
+        self.slots.push_back(Some(Held { gather, _snapshot: Some(bytes) }));
         self.first + self.slots.len() as u64 - 1
     }
 
     /// The buffers of message `token`, if it is still held.
     pub fn get(&self, token: u64) -> Option<&Gather> {
         let i = usize::try_from(token.checked_sub(self.first)?).ok()?;
-        self.slots.get(i)?.as_ref()
+        self.slots.get(i)?.as_ref().map(|h| &h.gather)
     }
 
     /// Forgets message `token`.
@@ -1367,6 +1393,24 @@ mod tests {
         // An unsequenced frame neither counts as lost nor clears the row.
         t.sent_frame(None);
         assert_eq!(t.lost_in_row, 3);
+    }
+
+    #[test]
+    fn a_snapshot_is_read_from_the_message_not_from_where_it_came_from() {
+        let mut region = vec![7u8; 100];
+        let mut o = Outbound::default();
+        let token = o.insert_snapshot(region[10..50].into());
+        // The region changes (is deregistered, reused) before a retransmission.
+        region.fill(0);
+        let gather = o.get(token).unwrap().clone();
+        assert_eq!(gather.len(), 1);
+        let (addr, len) = gather[0];
+        assert_ne!(addr, region.as_ptr() as u64 + 10);
+        // SAFETY: the snapshot is held by `o` for as long as the token is.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+        assert_eq!(bytes, &[7u8; 40][..]);
+        o.remove(token);
+        assert!(o.get(token).is_none());
     }
 
     #[test]

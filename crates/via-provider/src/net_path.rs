@@ -17,11 +17,18 @@ use via_reliable::{BreakReason, MsgKind, OutMessage, Segment, SendError};
 /// How long an unreliable RDMA write waits for its answer once sent.
 const UNANSWERED_WRITE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// The payload of an answer: buffers to read when packets go out, or
+/// bytes read once and kept with the message.
+enum Reply {
+    Gather(Gather),
+    Snapshot(Box<[u8]>),
+}
+
 #[derive(Default)]
 struct Followup {
     /// A timer to arm for an unanswered write.
     deadline: Option<std::time::Instant>,
-    replies: Vec<(MsgKind, u32, Gather)>,
+    replies: Vec<(MsgKind, u32, Reply)>,
     close: Option<Break>,
     /// The packet whose RDMA write segment was refused, where the
     /// connection breaks acknowledging only the packets before it.
@@ -333,7 +340,7 @@ impl Vi {
                                     self.nic.counters.add(Counter::RdmaRefused, 1);
                                     let answer =
                                         MsgKind::RdmaReadResponse { request: msg, status: STATUS_RDMA_PROT_ERROR };
-                                    f.replies.push((answer, 0, Gather::new()));
+                                    f.replies.push((answer, 0, Reply::Gather(Gather::new())));
                                     if !last {
                                         r.dropping = Some(msg);
                                     }
@@ -347,7 +354,7 @@ impl Vi {
                                     f.replies.push((
                                         MsgKind::RdmaReadResponse { request: msg, status: 0 },
                                         0,
-                                        Gather::new(),
+                                        Reply::Gather(Gather::new()),
                                     ));
                                 }
                                 if last && imm.is_some() {
@@ -372,11 +379,20 @@ impl Vi {
                                     attrs.rdma_read && local_allows(&rules, handle, addr, len as u64, REGION_RDMA_READ);
                                 let status = if ok { 0 } else { STATUS_RDMA_PROT_ERROR };
                                 self.nic.counters.add(Counter::RdmaRefused, (!ok) as u64);
-                                let gather: Gather = if ok { smallvec::smallvec![(addr, len)] } else { Gather::new() };
+                                // Read once, now: a retransmission must not read
+                                // the region again, which may be deregistered
+                                // (and unmapped) by then.
+                                let bytes: Box<[u8]> = match ok {
+                                    // SAFETY: the range lies in a region registered for RDMA read (checked above).
+                                    true => {
+                                        unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) }.into()
+                                    }
+                                    false => Box::new([]),
+                                };
                                 f.replies.push((
                                     MsgKind::RdmaReadResponse { request: msg, status },
                                     if ok { len } else { 0 },
-                                    gather,
+                                    Reply::Snapshot(bytes),
                                 ));
                             }
                             MsgKind::RdmaReadResponse { request, status } => {
@@ -457,8 +473,11 @@ impl Vi {
             let mut more = NetEvents::new();
             {
                 let mut st = link.state.lock();
-                for (kind, len, gather) in f.replies.drain(..) {
-                    let token = st.remember(gather);
+                for (kind, len, reply) in f.replies.drain(..) {
+                    let token = match reply {
+                        Reply::Gather(gather) => st.remember(gather),
+                        Reply::Snapshot(bytes) => st.remember_snapshot(bytes),
+                    };
                     let _ = st.session.send(OutMessage { kind, len, imm: None, token });
                 }
                 // Answers go out before a BREAK that closes the session.
