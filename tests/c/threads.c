@@ -241,6 +241,61 @@ static void *worker(void *p)
     return NULL;
 }
 
+/* A thread that waits for ever on a NIC that another thread closes. */
+typedef struct {
+    VIP_NIC_HANDLE nic;
+    VIP_VI_HANDLE vi;   /* NULL: VipConnectWait; else VipConnectRequest */
+    VIP_RETURN ret;
+} closed_wait_arg;
+
+static void *wait_forever(void *p)
+{
+    closed_wait_arg *a = p;
+    char disc[VT_MAX_DISC];
+    vt_disc(disc, sizeof disc, "nobody-comes-%p", (void *)a);
+    VIP_NET_ADDRESS *local = vt_addr_local(a->nic, disc);
+    VIP_NET_ADDRESS *remote = vt_addr_buf();
+    VIP_VI_ATTRIBUTES ra;
+    VIP_CONN_HANDLE conn = NULL;
+    if (a->vi == NULL) {
+        a->ret = VipConnectWait(a->nic, local, VIP_INFINITE, remote, &ra, &conn);
+    } else {
+        free(remote);
+        vt_disc(disc, sizeof disc, "nobody-listens");
+        remote = vt_addr_local(a->nic, disc);
+        a->ret = VipConnectRequest(a->vi, local, remote, VIP_INFINITE, &ra);
+    }
+    free(local);
+    free(remote);
+    return NULL;
+}
+
+/* VipCloseNic ends other threads' waits on that NIC, however long they
+ * asked to wait. */
+static void close_ends_waits(void)
+{
+    VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
+    VIP_PROTECTION_HANDLE ptag;
+    CHECK_OK(VipCreatePtag(nic, &ptag));
+    VIP_VI_ATTRIBUTES va = vt_vi_attrs(VIP_SERVICE_RELIABLE_DELIVERY, ptag, 65536, VIP_FALSE, VIP_FALSE);
+    VIP_VI_HANDLE vi;
+    CHECK_OK(VipCreateVi(nic, &va, NULL, NULL, &vi));
+    closed_wait_arg args[2] = {{nic, NULL, VIP_SUCCESS}, {nic, vi, VIP_SUCCESS}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&th[i], NULL, wait_forever, &args[i]) == 0);
+    vt_sleep_ms(300);
+    double t0 = vt_now_ms();
+    CHECK_OK(VipCloseNic(nic));
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    double took = vt_now_ms() - t0;
+    CHECK(took < 5000);
+    CHECK_EQ(VIP_INVALID_PARAMETER, args[0].ret);
+    CHECK_EQ(VIP_INVALID_PARAMETER, args[1].ret);
+    printf("VipCloseNic ended a VipConnectWait and a VipConnectRequest (VIP_INFINITE) in %.0f ms\n", took);
+}
+
 int main(void)
 {
     vt_init();
@@ -270,6 +325,7 @@ int main(void)
     CHECK_OK(VipDestroyPtag(nic, ptag));
     CHECK_OK(VipCloseNic(nic));
     vt_join(&srv);
+    close_ends_waits();
     printf("threads: ok\n");
     return 0;
 }

@@ -119,11 +119,18 @@ impl Parts {
     }
 }
 
+/// The host agent, for a call that closing `nic` ends.
+fn agent(nic: &Nic) -> client::Agent {
+    client::Agent::from_env().cancelled_by(nic.closing.clone())
+}
+
 fn agent_error(e: AgentError) -> ViaError {
     match e {
         AgentError::NoMatch => ViaError::NoMatch,
         AgentError::Unreachable => ViaError::NotReachable,
         AgentError::Timeout => ViaError::Timeout,
+        // Another thread closed the NIC: its handle is no longer valid.
+        AgentError::Cancelled => ViaError::InvalidParameter,
         AgentError::UnknownDevice(_) => ViaError::InvalidParameter,
         other => {
             tracing::warn!("host agent: {other}");
@@ -140,8 +147,12 @@ fn introduce(socket: &OwnedFd, msg: PeerMessage, vi: &Vi) -> std::io::Result<()>
 /// Waits for the peer's introduction (`Ready` or `Accept`), or another
 /// message.  `Ok(None)` on timeout; an introduction without the kernel's
 /// word on its sender, or without a table that maps, is an error.
-fn introduction(socket: &OwnedFd, deadline: &Deadline) -> std::io::Result<Option<(PeerMessage, Option<Introduction>)>> {
-    let Some(got) = peer_channel::recv(socket.as_fd(), deadline)? else {
+fn introduction(
+    socket: &OwnedFd,
+    nic: &Nic,
+    deadline: &Deadline,
+) -> std::io::Result<Option<(PeerMessage, Option<Introduction>)>> {
+    let Some(got) = peer_channel::recv(socket.as_fd(), Some(nic.closing.as_fd()), deadline)? else {
         return Ok(None);
     };
     let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
@@ -223,7 +234,8 @@ pub struct NetAddress {
 pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaResult<Handle> {
     let deadline = Deadline::after_ms(timeout_ms);
     loop {
-        let incoming = client::listen(&nic.device.host_addr, &local.disc, &[], nic.inbox.fd(), deadline.remaining())
+        let incoming = agent(nic)
+            .listen(&nic.device.host_addr, &local.disc, &[], nic.inbox.fd(), deadline.remaining())
             .map_err(agent_error)?;
         let (peer, answer) = match incoming.transport {
             client::Transport::Local(fds) => {
@@ -231,7 +243,7 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
                 // The client says Ready once its receives are published.
                 let handshake =
                     Deadline::after_ms(deadline.next_sleep(HANDSHAKE).as_millis().min(u128::from(u64::MAX - 1)) as u64);
-                match introduction(&parts.socket, &handshake) {
+                match introduction(&parts.socket, nic, &handshake) {
                     Ok(Some((PeerMessage::Ready(peer), Some(intro)))) => (peer, Answer::Local(parts, intro)),
                     Ok(None) if deadline.passed() => return Err(ViaError::Timeout),
                     // A client that vanished, lied or dawdled during the
@@ -432,11 +444,13 @@ fn shm_handshake(vi: &Vi, fds: ConnFds, side: Side, deadline: &Deadline, peer_mo
     let parts = map_parts(fds, side)?;
     vi.attach_segment(parts.seg.clone())?;
     introduce(&parts.socket, PeerMessage::Ready(vi.endpoint()), vi).map_err(|_| ViaError::Timeout)?;
-    let (peer, intro) = match introduction(&parts.socket, deadline) {
+    let (peer, intro) = match introduction(&parts.socket, &vi.nic, deadline) {
         Ok(Some((PeerMessage::Accept(peer), Some(intro)))) if !peer_model => (peer, intro),
         Ok(Some((PeerMessage::Ready(peer), Some(intro)))) if peer_model => (peer, intro),
         Ok(Some((PeerMessage::Reject, _))) => return Err(ViaError::Reject),
         Ok(None) => return Err(ViaError::Timeout),
+        // Another thread closed the NIC.
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Err(ViaError::InvalidParameter),
         _ if peer_model => return Err(ViaError::Timeout),
         _ => return Err(ViaError::Reject),
     };
@@ -456,12 +470,12 @@ fn rendezvous(
     let req = request(vi, remote, local, &info);
     let matched = if peer_model {
         // Unmatched at its timeout is a timeout in the peer model.
-        client::peer_connect(&req, deadline.remaining_or_long()).map_err(|e| match agent_error(e) {
+        agent(&vi.nic).peer_connect(&req, deadline.remaining_or_long()).map_err(|e| match agent_error(e) {
             ViaError::NoMatch => ViaError::Timeout,
             other => other,
         })?
     } else {
-        client::connect(&req, deadline.remaining_or_long()).map_err(agent_error)?
+        agent(&vi.nic).connect(&req, deadline.remaining_or_long()).map_err(agent_error)?
     };
     match (matched.fds, identity) {
         (Some(fds), _) => Ok(Linked::Shm(shm_handshake(vi, fds, side(matched.side), deadline, peer_model)?)),

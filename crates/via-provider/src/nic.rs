@@ -3,6 +3,7 @@
 use crate::handles::Handle;
 use crate::provider;
 use parking_lot::Mutex;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use via_core::consts::limits;
@@ -88,6 +89,9 @@ pub struct Nic {
     net_port: std::sync::OnceLock<Arc<crate::net::NetPort>>,
     /// Set by `VipCloseNic`.
     pub closed: AtomicBool,
+    /// Readable once the NIC is closing: ends the waits of other threads
+    /// for the host agent or a peer (`VipConnectWait`, `VipConnectRequest`).
+    pub closing: Arc<OwnedFd>,
     /// The send engine that doorbells wake (`VIA_DOORBELL=d1|d2`).
     pub(crate) send_engine: Option<Arc<crate::doorbell::SendEngine>>,
 }
@@ -120,6 +124,7 @@ impl Nic {
         // only through this registry, and outlives it: `registry` is
         // declared, so dropped, before `table`.
         let registry = unsafe { Registry::in_table(table.as_ptr()) };
+        let closing = Arc::new(closing_fd().map_err(|_| ViaError::Resource)?);
         let pin = std::env::var("VIA_PIN_MEMORY").is_ok_and(|v| v == "1");
         let send_engine = crate::doorbell::SendEngine::start().map_err(|e| {
             tracing::warn!("cannot start the send engine: {e}");
@@ -144,6 +149,7 @@ impl Nic {
                     net_port: std::sync::OnceLock::new(),
                     counters,
                     closed: AtomicBool::new(false),
+                    closing: closing.clone(),
                     send_engine: send_engine.clone(),
                 })
             })
@@ -164,6 +170,7 @@ impl Nic {
     pub fn close(handle: Handle) -> ViaResult<()> {
         let nic = Nic::get(handle)?;
         nic.closed.store(true, Ordering::Release);
+        signal_closing(&nic.closing);
         crate::counters::write_profile(&nic.device.name, &nic.counters);
         if let Some(engine) = &nic.send_engine {
             engine.shut_down();
@@ -319,4 +326,21 @@ pub struct Ptag {
     pub id: u32,
     /// VIs created with this tag.
     pub vi_users: AtomicUsize,
+}
+
+/// An eventfd that becomes readable when the NIC closes.
+fn closing_fd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd returns a fresh fd or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the fd is fresh and ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn signal_closing(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: writing 8 bytes to our eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }

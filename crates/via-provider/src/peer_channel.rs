@@ -111,14 +111,20 @@ pub fn send(socket: BorrowedFd<'_>, msg: &PeerMessage, fd: Option<BorrowedFd<'_>
     }
 }
 
-/// Receives one message, waiting up to the deadline.  `Ok(None)` on
-/// timeout; a closed socket or garbage is an error.
-pub fn recv(socket: BorrowedFd<'_>, deadline: &Deadline) -> io::Result<Option<Received>> {
+/// Receives one message, waiting up to the deadline or until `cancel`
+/// (if any) becomes readable.  `Ok(None)` on timeout; a cancelled wait is
+/// an `Interrupted` error; a closed socket or garbage is an error.
+pub fn recv(
+    socket: BorrowedFd<'_>,
+    cancel: Option<BorrowedFd<'_>>,
+    deadline: &Deadline,
+) -> io::Result<Option<Received>> {
     loop {
         let ms = deadline.remaining().map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
-        let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let fds = [socket.as_raw_fd(), cancel.map_or(-1, |c| c.as_raw_fd())];
+        let mut pfd = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        // SAFETY: two pollfds (a negative fd is ignored).
+        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, ms) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -128,6 +134,9 @@ pub fn recv(socket: BorrowedFd<'_>, deadline: &Deadline) -> io::Result<Option<Re
         }
         if r == 0 {
             return Ok(None);
+        }
+        if pfd[1].revents != 0 {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "cancelled"));
         }
         return read(socket);
     }

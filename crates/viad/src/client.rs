@@ -84,6 +84,9 @@ pub enum AgentError {
     /// The wait timed out.
     #[error("timed out")]
     Timeout,
+    /// The caller's cancel fd ended the wait (see [`Agent::cancelled_by`]).
+    #[error("cancelled")]
+    Cancelled,
     /// A malformed or unexpected message, or a refused request.
     #[error("VI agent protocol error: {0}")]
     Protocol(String),
@@ -192,7 +195,7 @@ impl Responder {
 
     fn answer(self, req: ProtoRequest) -> Result<(), AgentError> {
         let wait = cm::ANSWER_GIVE_UP + REPLY_GRACE;
-        match exchange(&self.conn, &req, &[], Some(wait))?.0 {
+        match exchange(&self.conn, &req, &[], None, Some(wait))?.0 {
             Reply::Done => Ok(()),
             Reply::NoMatch => Err(AgentError::NoMatch),
             Reply::Unreachable => Err(AgentError::Unreachable),
@@ -313,22 +316,32 @@ pub fn stop() -> Result<(), AgentError> {
 pub struct Agent {
     socket: String,
     autostart: bool,
+    /// Ends a wait for a reply when it becomes readable.
+    cancel: Option<std::sync::Arc<OwnedFd>>,
 }
 
 impl Agent {
     /// The agent named by `VIA_AGENT_SOCKET`, started on demand.
     pub fn from_env() -> Agent {
-        Agent { socket: socket_name(), autostart: true }
+        Agent { socket: socket_name(), autostart: true, cancel: None }
     }
 
     /// The agent on abstract socket `name`, not started on demand.
     pub fn with_socket(name: &str) -> Agent {
-        Agent { socket: name.to_string(), autostart: false }
+        Agent { socket: name.to_string(), autostart: false, cancel: None }
     }
 
     /// Sets whether a missing agent is started on demand.
     pub fn autostart(mut self, on: bool) -> Agent {
         self.autostart = on;
+        self
+    }
+
+    /// Ends every wait for the agent's reply with [`AgentError::Cancelled`]
+    /// once `fd` becomes readable (an eventfd that closing a NIC signals,
+    /// say): a call blocked for ever in another thread returns.
+    pub fn cancelled_by(mut self, fd: std::sync::Arc<OwnedFd>) -> Agent {
+        self.cancel = Some(fd);
         self
     }
 
@@ -458,7 +471,8 @@ impl Agent {
         // Refuse what cannot be encoded before starting an agent for it.
         req.encode().map_err(|e| AgentError::Protocol(e.to_string()))?;
         let conn = self.open(autostart)?;
-        let (reply, fds) = exchange(&conn, req, fds, wait)?;
+        let cancel = self.cancel.as_ref().map(|c| c.as_fd());
+        let (reply, fds) = exchange(&conn, req, fds, cancel, wait)?;
         Ok((conn, reply, fds))
     }
 
@@ -526,6 +540,7 @@ fn exchange(
     conn: &OwnedFd,
     req: &ProtoRequest,
     fds: &[BorrowedFd],
+    cancel: Option<BorrowedFd>,
     wait: Option<Duration>,
 ) -> Result<(Reply, Vec<OwnedFd>), AgentError> {
     let bytes = req.encode().map_err(|e| AgentError::Protocol(e.to_string()))?;
@@ -536,8 +551,10 @@ fn exchange(
         Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
         other => other?,
     }
-    if !sock::wait_readable(conn.as_fd(), wait)? {
-        return Err(AgentError::Timeout);
+    match sock::wait_readable_unless(conn.as_fd(), cancel, wait)? {
+        sock::Readiness::Readable => {}
+        sock::Readiness::TimedOut => return Err(AgentError::Timeout),
+        sock::Readiness::Cancelled => return Err(AgentError::Cancelled),
     }
     let msg = recv_reply(conn)?;
     if msg.truncated {

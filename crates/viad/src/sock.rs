@@ -218,6 +218,27 @@ pub fn recv(fd: BorrowedFd) -> io::Result<Option<Received>> {
 
 /// Waits until `fd` is readable or hung up; `false` when `timeout` passed first.
 pub fn wait_readable(fd: BorrowedFd, timeout: Option<Duration>) -> io::Result<bool> {
+    wait_readable_unless(fd, None, timeout).map(|r| r == Readiness::Readable)
+}
+
+/// What [`wait_readable_unless`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// `fd` is readable (or hung up).
+    Readable,
+    /// The cancel fd became readable first.
+    Cancelled,
+    /// The timeout passed.
+    TimedOut,
+}
+
+/// Waits until `fd` is readable, `cancel` (if any) is readable, or the
+/// timeout passes (`None`: never).
+pub fn wait_readable_unless(
+    fd: BorrowedFd,
+    cancel: Option<BorrowedFd>,
+    timeout: Option<Duration>,
+) -> io::Result<Readiness> {
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     loop {
         let ms = match deadline {
@@ -228,12 +249,14 @@ pub fn wait_readable(fd: BorrowedFd, timeout: Option<Duration>) -> io::Result<bo
                 left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             }
         };
-        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        match cvt(unsafe { libc::poll(&mut p, 1, ms) }) {
-            Ok(0) if ms == 0 => return Ok(false),
+        let cancel_fd = cancel.map_or(-1, |c| c.as_raw_fd());
+        let mut p = [fd.as_raw_fd(), cancel_fd].map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        // SAFETY: two valid pollfds (a negative fd is ignored).
+        match cvt(unsafe { libc::poll(p.as_mut_ptr(), 2, ms) }) {
+            Ok(0) if ms == 0 => return Ok(Readiness::TimedOut),
             Ok(0) => continue,
-            Ok(_) => return Ok(true),
+            Ok(_) if p[1].revents != 0 => return Ok(Readiness::Cancelled),
+            Ok(_) => return Ok(Readiness::Readable),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }

@@ -160,7 +160,7 @@ impl Attacker {
         before_ready(&seg)?;
         let ready = PeerMessage::Ready(endpoint());
         peer_channel::send(fds.socket.as_fd(), &ready, Some(self.table.fd())).map_err(|e| format!("Ready: {e}"))?;
-        let accept = peer_channel::recv(fds.socket.as_fd(), &Deadline::after_ms(20_000))
+        let accept = peer_channel::recv(fds.socket.as_fd(), None, &Deadline::after_ms(20_000))
             .map_err(|e| format!("waiting for Accept: {e}"))?
             .ok_or("no Accept within 20 s")?;
         match accept.msg {
@@ -219,7 +219,7 @@ fn forge_pid(disc: &str, dir: &Path, addr: u64, len: u64) -> Outcome {
     }
     // The truth, since the lie did not go out.
     peer_channel::send(fds.socket.as_fd(), &ready, Some(attacker.table.fd())).map_err(|e| e.to_string())?;
-    let accept = peer_channel::recv(fds.socket.as_fd(), &Deadline::after_ms(20_000))
+    let accept = peer_channel::recv(fds.socket.as_fd(), None, &Deadline::after_ms(20_000))
         .map_err(|e| format!("waiting for Accept: {e}"))?
         .ok_or("no Accept within 20 s")?;
     if !matches!(accept.msg, PeerMessage::Accept(_)) {
@@ -367,7 +367,7 @@ fn big_segment(disc: &str) -> Outcome {
         Ok(fds) => {
             // The agent made it: the victim must refuse to map it, which
             // closes its end of the socket pair at once.
-            let got = peer_channel::recv(fds.socket.as_fd(), &Deadline::after_ms(10_000));
+            let got = peer_channel::recv(fds.socket.as_fd(), None, &Deadline::after_ms(10_000));
             match got {
                 Err(_) => Ok(()),
                 Ok(m) => Err(format!("a 256 MiB segment was accepted by the agent and the listener answered {m:?}")),
