@@ -4,6 +4,25 @@
 //! The application owns descriptor memory and may change it at any time, so
 //! every field is read once, with a volatile load, and checked before use;
 //! results are written back the same way, `Status` last.
+//!
+//! A descriptor posted again before it completed is refused
+//! (`VIP_INVALID_PARAMETER`): else it would sit in a queue twice and
+//! complete twice.  How a post knows, at no cost on the 4-byte path: the
+//! provider writes a mark into the control segment's `Reserved` field when
+//! it accepts a post ([`DescPtr::mark_posted`]) and clears it when it
+//! completes the descriptor ([`DescPtr::complete`]).  The field shares the
+//! cache line of `Control` and `Status`, which every post reads and writes
+//! anyway, so the check is a load and a compare, and the mark a store.
+//! The mark depends on the descriptor's address, on the queue it was posted
+//! to and on where this library was loaded, so a copy of a posted
+//! descriptor, or one posted to another VI that was destroyed with it, does
+//! not carry a valid mark.  But the memory is the application's, so a mark
+//! is only a hint: where one is found the queue is searched for the
+//! descriptor, and only a descriptor still pending there is refused
+//! ([`DescPtr::maybe_posted`]).  The other way, a set of the pending
+//! descriptors per queue, costs a hash and an insert on every post and a
+//! removal on every completion.  Not caught: one descriptor posted to two
+//! queues at once (each queue knows only its own).
 
 use crate::consts::*;
 use crate::registry::Registry;
@@ -13,6 +32,7 @@ use std::sync::atomic::{fence, Ordering};
 const CS_NEXT: usize = 0;
 const CS_SEG_COUNT: usize = 12;
 const CS_CONTROL: usize = 14;
+const CS_RESERVED: usize = 16;
 const CS_IMMEDIATE: usize = 20;
 const CS_LENGTH: usize = 24;
 const CS_STATUS: usize = 28;
@@ -81,9 +101,43 @@ impl DescPtr {
     pub fn clear_status(self) {
         self.write(CS_STATUS, 0u32);
     }
+    /// The mark [`DescPtr::mark_posted`] leaves in the control segment's
+    /// `Reserved` field of a descriptor at this address posted to `queue`
+    /// (any value that names one work queue): never 0, and a function of
+    /// the address, the queue and where this library was loaded, so that a
+    /// copy of a posted descriptor elsewhere, one posted to another queue,
+    /// or one from another run, does not carry a valid mark.
+    #[inline(always)]
+    fn post_mark(self, queue: u64) -> u32 {
+        static KEY: u8 = 0;
+        let key = &KEY as *const u8 as u64;
+        let x = (self.0 as u64 ^ queue.rotate_left(32) ^ key.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (x >> 32) as u32 | 1
+    }
+    /// Marks the descriptor as posted to `queue`: written when a post is
+    /// accepted and cleared by [`DescPtr::complete`].  The application owns
+    /// the memory, so the mark is a hint and never the truth: see
+    /// [`DescPtr::maybe_posted`].
+    #[inline(always)]
+    pub fn mark_posted(self, queue: u64) {
+        self.write(CS_RESERVED, self.post_mark(queue));
+    }
+    /// Whether the descriptor carries the mark of a post to `queue` and no
+    /// `DONE`: it may be posted there and not yet complete.  `false` is
+    /// certain for a descriptor posted through this library (completion
+    /// clears the mark before it sets `DONE`); `true` is a hint that the
+    /// queue must confirm, since garbage, an application that wrote the
+    /// field, or a post that never completed (its VI's NIC closed under
+    /// it) may leave a mark behind.
+    #[inline(always)]
+    pub fn maybe_posted(self, queue: u64) -> bool {
+        self.read::<u32>(CS_RESERVED) == self.post_mark(queue) && self.status() & STATUS_DONE == 0
+    }
     /// Writes the result of the operation; `Status` goes last so a consumer
-    /// polling it sees `Length` and `ImmediateData` already in place.
+    /// polling it sees `Length` and `ImmediateData` already in place, and
+    /// the posted mark cleared (so the descriptor may be posted again).
     pub fn complete(self, status: u32, length: u32, immediate: Option<u32>) {
+        self.write(CS_RESERVED, 0u32);
         self.write(CS_LENGTH, length);
         if let Some(imm) = immediate {
             self.write(CS_IMMEDIATE, imm);
@@ -217,6 +271,37 @@ pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) 
     Ok(WorkRequest { op, immediate, fence: control & CONTROL_QFENCE != 0, remote, segs, total })
 }
 
+/// Whether the buffers `segs` of a posted receive are still registered
+/// memory of the VI's tag, asked again when a region was deregistered
+/// after the post ([`Registry::deregistrations`]): the application may have
+/// deregistered one of them and unmapped it.  The descriptor's own region
+/// must be known to be registered still (its handle [`Registry::is_live`]).
+/// Its segments are read again for their handles and must name exactly
+/// the buffers that were validated; the handles are untrusted, and each is
+/// checked against the registry for the validated buffer itself.
+pub fn buffers_registered(desc: DescPtr, segs: &[LocalSeg], rules: &Rules) -> bool {
+    let count = desc.seg_count() as usize;
+    if count > limits::MAX_SEGMENTS_PER_DESC {
+        return false;
+    }
+    let mut posted = segs.iter();
+    for i in 0..count {
+        let seg = desc.segment(i);
+        if seg.len == 0 {
+            continue;
+        }
+        match posted.next() {
+            Some(s) if s.addr == seg.addr && s.len == seg.len => {
+                if !rules.registry.check_local(seg.handle, s.addr, s.len as u64, rules.ptag) {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    posted.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +383,68 @@ mod tests {
         assert_eq!(validate(desc, h, false, &rules), Err(STATUS_LENGTH_ERROR));
         set_cs(&mut mem, 0, 0, 0);
         assert_eq!(validate(desc, h, true, &rules).unwrap().total, 0);
+    }
+
+    #[test]
+    fn buffers_are_asked_again_after_a_deregistration() {
+        let reg = Registry::new().unwrap();
+        let mut mem = Mem([0; 4096]);
+        let base = mem.0.as_ptr() as u64;
+        let h = reg.register(base, 2048, 1, 0, false).unwrap();
+        let h2 = reg.register(base + 2048, 2048, 1, 0, false).unwrap();
+        let rules = Rules { registry: &reg, ptag: 1, max_transfer: 1 << 20, rdma_read: false };
+        let desc = DescPtr(base as usize);
+        set_cs(&mut mem, 0, 3, 0);
+        put_seg(&mut mem, 0, base + 1024, h, 10);
+        put_seg(&mut mem, 1, base + 3000, h2, 0); // empty: nothing lands there
+        put_seg(&mut mem, 2, base + 3000, h2, 10);
+        let epoch = reg.deregistrations();
+        let wr = validate(desc, h, true, &rules).unwrap();
+        assert!(buffers_registered(desc, &wr.segs, &rules));
+        // Another region goes: the epoch moves, the buffers are still there.
+        let other = [0u8; 64];
+        let h3 = reg.register(other.as_ptr() as u64, 64, 1, 0, false).unwrap();
+        reg.deregister(h3, other.as_ptr() as u64).unwrap();
+        assert_ne!(reg.deregistrations(), epoch);
+        assert!(buffers_registered(desc, &wr.segs, &rules));
+        // Another tag, or a descriptor that no longer says what was posted, is not.
+        assert!(!buffers_registered(desc, &wr.segs, &Rules { ptag: 2, ..rules }));
+        put_seg(&mut mem, 2, base + 3001, h2, 10);
+        assert!(!buffers_registered(desc, &wr.segs, &rules));
+        put_seg(&mut mem, 2, base + 3000, h2, 10);
+        set_cs(&mut mem, 0, 2, 0);
+        assert!(!buffers_registered(desc, &wr.segs, &rules));
+        set_cs(&mut mem, 0, 3, 0);
+        assert!(buffers_registered(desc, &wr.segs, &rules));
+        // The second buffer's region goes.
+        reg.deregister(h2, base + 2048).unwrap();
+        assert!(!buffers_registered(desc, &wr.segs, &rules));
+        // A receive of no buffers has nothing to lose.
+        set_cs(&mut mem, 0, 0, 0);
+        assert!(buffers_registered(desc, &Segs::new(), &rules));
+    }
+
+    #[test]
+    fn the_posted_mark_is_cleared_by_completion() {
+        let mut mem = Mem([0; 4096]);
+        let desc = DescPtr(mem.0.as_mut_ptr() as usize);
+        let other = DescPtr(desc.0 + 64);
+        let (queue, another) = (0x1_0002 << 1, 0x1_0003 << 1);
+        assert!(!desc.maybe_posted(queue));
+        desc.clear_status();
+        desc.mark_posted(queue);
+        assert!(desc.maybe_posted(queue));
+        assert!(!desc.maybe_posted(another) && !desc.maybe_posted(queue | 1));
+        assert_ne!(u32::from_ne_bytes(mem.0[16..20].try_into().unwrap()), 0);
+        // A copy elsewhere carries no valid mark.
+        mem.0.copy_within(0..32, 64);
+        assert!(!other.maybe_posted(queue));
+        desc.complete(STATUS_OP_RECEIVE, 0, None);
+        assert!(!desc.maybe_posted(queue));
+        assert_eq!(u32::from_ne_bytes(mem.0[16..20].try_into().unwrap()), 0);
+        // A mark with DONE set (written by the application) is not "posted" either.
+        desc.mark_posted(queue);
+        assert!(!desc.maybe_posted(queue));
     }
 
     #[test]

@@ -94,6 +94,8 @@ pub struct Registry {
     /// Whether `table` is this registry's own mapping, unmapped on drop.
     owns_table: bool,
     alloc: Mutex<Allocation>,
+    /// Counts deregistrations: [`Registry::deregistrations`].
+    deregistrations: AtomicU32,
 }
 
 // The table is only touched through atomics; allocation state is behind a mutex.
@@ -142,6 +144,7 @@ impl Registry {
                 ptag_users: Default::default(),
                 pinned: vec![false; SLOTS],
             }),
+            deregistrations: AtomicU32::new(0),
         }
     }
 
@@ -151,13 +154,19 @@ impl Registry {
         unsafe { &*self.table.add(index) }
     }
 
-    /// Registers `[addr, addr + len)` and returns its handle.
+    /// Registers `[addr, addr + len)` and returns its handle.  The range
+    /// must be mapped readable and writable in this process, every byte of
+    /// it (`VIP_INVALID_PARAMETER` otherwise): the provider reads and
+    /// writes registered memory itself ([`crate::mapping`]).
     pub fn register(&self, addr: u64, len: u64, ptag: u32, flags: u32, pin: bool) -> ViaResult<u32> {
         if addr == 0 || len == 0 || addr.checked_add(len).is_none() {
             return Err(ViaError::InvalidParameter);
         }
         if len > limits::MAX_REGISTER_BYTES {
             return Err(ViaError::Resource);
+        }
+        if !crate::mapping::mapped_rw(addr, len) {
+            return Err(ViaError::InvalidParameter);
         }
         let mut alloc = self.alloc.lock();
         let index = alloc.free.pop().ok_or(ViaError::Resource)? as usize;
@@ -186,6 +195,30 @@ impl Registry {
         read_slot(self.slot(index_of(handle)?), handle)
     }
 
+    /// Whether `handle` still names a registered region: its slot's
+    /// generation, one load.  What the data path asks before it writes into
+    /// a descriptor that was checked when it was posted, since its region
+    /// may have been deregistered (and its memory unmapped) meanwhile.  A
+    /// region's address and length never change while its handle lives.
+    #[inline]
+    pub fn is_live(&self, handle: u32) -> bool {
+        match index_of(handle) {
+            Some(index) => self.slot(index).generation.load(Ordering::Acquire) == handle >> 16,
+            None => false,
+        }
+    }
+
+    /// How many regions were deregistered so far (modulo 2^32).  A posted
+    /// receive notes it; where bytes land, an unchanged count means that
+    /// no region went since, in one load, and only otherwise are the
+    /// descriptor and its buffers asked again
+    /// ([`crate::descriptor::buffers_registered`]).  (4 billion
+    /// deregistrations while one receive stays posted would fool it.)
+    #[inline]
+    pub fn deregistrations(&self) -> u32 {
+        self.deregistrations.load(Ordering::Acquire)
+    }
+
     /// Looks a handle up and checks that it was registered at `addr`.
     pub fn lookup_at(&self, handle: u32, addr: u64) -> ViaResult<Region> {
         match self.lookup(handle) {
@@ -200,6 +233,7 @@ impl Registry {
         let region = self.lookup_at(handle, addr)?;
         let index = (handle & 0xFFFF) as usize;
         self.slot(index).generation.store(0, Ordering::Release);
+        self.deregistrations.fetch_add(1, Ordering::AcqRel);
         if std::mem::take(&mut alloc.pinned[index]) {
             // SAFETY: undoes the mlock of register.
             unsafe { libc::munlock(region.addr as *const libc::c_void, region.len as usize) };
@@ -354,6 +388,58 @@ mod tests {
         assert!(!wrapped.contains(0, 1));
         let fine = Region { addr: 4096, len: 100, ptag: 1, flags: 0 };
         assert!(fine.contains(4096, 100) && !fine.contains(4096, 101) && !fine.contains(u64::MAX, 2));
+    }
+
+    #[test]
+    fn memory_that_is_not_mapped_readable_and_writable_is_refused() {
+        let reg = Registry::new().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        // SAFETY: a fresh anonymous mapping of three pages, ours alone.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let addr = base as u64;
+        // SAFETY: pages of our own mapping.
+        unsafe {
+            libc::mprotect(base.cast::<u8>().add(page).cast(), page, libc::PROT_READ);
+            libc::munmap(base.cast::<u8>().add(2 * page).cast(), page);
+        }
+        let h = reg.register(addr, page as u64, 1, 0, false).unwrap();
+        for (at, len) in
+            [(addr, 2 * page as u64), (addr + page as u64, 1), (addr + 2 * page as u64, 8), (addr, 1 << 39)]
+        {
+            assert_eq!(reg.register(at, len, 1, 0, false), Err(ViaError::InvalidParameter), "{at:#x}+{len}");
+        }
+        // Refusals take no slot and no ptag use.
+        assert_eq!(reg.ptag_users(1), 1);
+        reg.deregister(h, addr).unwrap();
+        // SAFETY: the rest of our mapping.
+        unsafe { libc::munmap(base, 2 * page) };
+    }
+
+    #[test]
+    fn a_handle_lives_until_it_is_deregistered() {
+        let reg = Registry::new().unwrap();
+        let buf = [0u8; 64];
+        let addr = buf.as_ptr() as u64;
+        let h = reg.register(addr, 64, 1, 0, false).unwrap();
+        assert!(reg.is_live(h));
+        for forged in [0, h & 0xFFFF, h & 0xFFFF_0000, h ^ 0x1_0000, u32::MAX] {
+            assert!(!reg.is_live(forged), "{forged:#x}");
+        }
+        reg.deregister(h, addr).unwrap();
+        assert!(!reg.is_live(h));
+        let h2 = reg.register(addr, 64, 1, 0, false).unwrap();
+        assert!(reg.is_live(h2) && !reg.is_live(h));
     }
 
     #[test]

@@ -57,7 +57,12 @@ pub enum ViState {
 
 pub(crate) struct RecvItem {
     pub desc: DescPtr,
+    /// The memory handle the descriptor was posted with.
+    pub mem: u32,
     pub segs: Segs,
+    /// `Registry::deregistrations` when it was posted: where it differs
+    /// as bytes land, the descriptor and `segs` are asked again.
+    pub epoch: u32,
     pub total: u64,
     /// Sequence number in the peer-visible receive cache, once published.
     pub seq: Option<u64>,
@@ -597,9 +602,20 @@ impl Vi {
         if q.items.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
             return Err(ViaError::Resource);
         }
+        // Posted again before it completed: refused.  The mark in the
+        // descriptor says "maybe" in one load of a line the post touches
+        // anyway; only then is the queue, the truth, searched.  See
+        // `DescPtr::maybe_posted`.
+        let queue = self.handle << 1;
+        if desc.maybe_posted(queue) && q.items.iter().skip(q.done).any(|i| !i.done && i.desc == desc) {
+            return Err(ViaError::InvalidParameter);
+        }
         desc.clear_status();
+        desc.mark_posted(queue);
         let state = self.state();
         let flushed = state == ViState::Error;
+        // Before the buffers are checked: a region that goes after this shows.
+        let epoch = rules.registry.deregistrations();
         let (segs, total, error) = match validate(desc, mem, true, &rules) {
             Ok(wr) => (wr.segs, wr.total, 0),
             Err(bits) => (Segs::new(), 0, bits),
@@ -607,7 +623,7 @@ impl Vi {
         if flushed || error != 0 {
             let bits = if flushed { STATUS_DESC_FLUSHED_ERROR } else { error };
             // Completes in order: at once if nothing is pending ahead of it.
-            q.items.push_back(RecvItem { desc, segs, total, seq: None, done: false, error: bits });
+            q.items.push_back(RecvItem { desc, mem, epoch, segs, total, seq: None, done: false, error: bits });
             self.settle(&mut q);
             drop(q);
             self.bump();
@@ -620,7 +636,7 @@ impl Vi {
             Some(seg) => Some(publish(seg, &segs)?),
             None => None,
         };
-        q.items.push_back(RecvItem { desc, segs, total, seq, done: false, error: 0 });
+        q.items.push_back(RecvItem { desc, mem, epoch, segs, total, seq, done: false, error: 0 });
         Ok(())
     }
 
@@ -682,6 +698,16 @@ impl Vi {
                 status |= STATUS_IMMEDIATE;
             }
             let mut length = hdr.length;
+            // Whether the descriptor and its buffers are still registered:
+            // they were when it was posted, and unless a region went since
+            // (one load) they are.
+            let registry = &self.nic.registry;
+            let (desc_live, buffers_live) = if registry.deregistrations() == item.epoch {
+                (true, true)
+            } else {
+                let live = registry.is_live(item.mem);
+                (live, live && via_core::descriptor::buffers_registered(item.desc, &item.segs, &self.rules().0))
+            };
             if hdr.status & STATUS_ERROR_MASK != 0 {
                 status |= hdr.status & STATUS_ERROR_MASK;
                 length = 0;
@@ -692,6 +718,17 @@ impl Vi {
                 if reliable(self.attrs().reliability) {
                     broken = Some(LOST);
                 }
+            } else if hdr.kind == SLOT_SEND && !buffers_live {
+                // A buffer was deregistered after the post, and its memory
+                // may be gone: no byte lands, a local protection error.  (Or
+                // the descriptor's own region went, and with it what its
+                // buffers are: nothing lands, nothing is written, and the
+                // connection, which did nothing wrong, goes on.)
+                status |= STATUS_PROTECTION_ERROR;
+                length = 0;
+                if desc_live && reliable(self.attrs().reliability) {
+                    broken = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+                }
             } else if hdr.flags & FLAG_INLINE != 0 {
                 let dst = item
                     .segs
@@ -700,7 +737,12 @@ impl Vi {
                     .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) });
                 length = rx.read_payload_into(dst) as u32;
             }
-            item.desc.complete(status, length, imm);
+            // The descriptor's own region may have gone the same way: then
+            // it is handed back unwritten rather than written into memory
+            // that may no longer be there.
+            if desc_live {
+                item.desc.complete(status, length, imm);
+            }
             item.done = true;
             q.done += 1;
             rx.pop();
@@ -813,7 +855,17 @@ impl Vi {
         if q.items.len() + q.rung >= limits::MAX_DESCRIPTORS_PER_QUEUE {
             return Err(ViaError::Resource);
         }
+        // Posted again before it completed: refused.  The mark in the
+        // descriptor says "maybe" (`DescPtr::maybe_posted`), the queue
+        // confirms; a send still at the doorbell (`rung`) is out of the
+        // queue's sight, so there the mark decides.  On the 4-byte path
+        // this is one load and one store in the control segment's line.
+        let queue = self.handle << 1 | 1;
+        if desc.maybe_posted(queue) && (q.rung > 0 || q.items.iter().skip(q.done).any(|i| !i.done && i.desc == desc)) {
+            return Err(ViaError::InvalidParameter);
+        }
         desc.clear_status();
+        desc.mark_posted(queue);
         if tuning().doorbell == Doorbell::Direct {
             self.carry_out(q, desc, mem);
         } else {
