@@ -1397,7 +1397,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_is_read_from_the_message_not_from_where_it_came_from() {
-        let mut region = vec![7u8; 100];
+        let mut region = [7u8; 100];
         let mut o = Outbound::default();
         let token = o.insert_snapshot(region[10..50].into());
         // The region changes (is deregistered, reused) before a retransmission.

@@ -2,11 +2,24 @@
 //! each direction, a [`Ring`] and the [`RecvCache`] of that direction's
 //! receiver.
 //!
-//! Layout: a 4 KiB header (version, one `closed` flag per side), then the
-//! A->B block and the B->A block, each a ring followed by the receive-queue
-//! cache published by the ring's consumer.
+//! Layout: a 4 KiB header (version, one `closed` flag and one `copying`
+//! count per side), then the A->B block and the B->A block, each a ring
+//! followed by the receive-queue cache published by the ring's consumer.
+//!
+//! # Fences
+//!
+//! A side copies into or out of its peer's memory (cross-memory attach)
+//! only between [`ConnSegment::begin_copy`], which raises its `copying`
+//! count and then checks that the peer has not closed, and the drop of
+//! the guard.  A side that closes, or that deregisters memory (after
+//! invalidating the region in its table), waits for the peer's count to
+//! fall to zero ([`ConnSegment::wait_for_peer_copies`]): once it returns,
+//! no copy of that peer lands in or reads its memory.  The count is the
+//! peer's to write, so the wait is bounded; a peer that holds it longer is
+//! broken, and so is its connection.
 
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::{fence, AtomicU32, Ordering::*};
+use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use crate::layout::HOT;
@@ -33,6 +46,8 @@ pub const CONN_SEGMENT_BYTES: usize = align_up(HEADER_BYTES + 2 * DIR_BYTES, 409
 struct ConnHeader {
     version: CacheLine<AtomicU32>,
     closed: [CacheLine<AtomicU32>; 2],
+    /// Copies a side has under way into or out of the other side's memory.
+    copying: [CacheLine<AtomicU32>; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<ConnHeader>() <= HEADER_BYTES);
@@ -135,12 +150,51 @@ impl ConnSegment {
 
     /// Sets my `closed` flag in the header.
     pub fn mark_closed(&self) {
-        self.header().closed[self.side.index()].store(1, Release);
+        self.header().closed[self.side.index()].store(1, SeqCst);
+    }
+
+    /// Announces a cross-memory copy into or out of the peer's memory;
+    /// `None` when the peer has closed its end, and nothing may be copied.
+    /// The peer's fences wait until the guard is dropped.
+    pub fn begin_copy(&self) -> Option<CopyGuard<'_>> {
+        let count = &self.header().copying[self.side.index()].0;
+        count.fetch_add(1, SeqCst);
+        // The count is visible before the peer's state is read: a peer
+        // that closes (or invalidates a region) after this sees it.
+        fence(SeqCst);
+        if self.peer_closed() {
+            count.fetch_sub(1, Release);
+            return None;
+        }
+        Some(CopyGuard { count })
+    }
+
+    /// Waits until the peer has no copy into or out of this process's
+    /// memory under way, for at most `limit`.  Call after closing or after
+    /// invalidating a region.  False if the peer still copies: it is
+    /// broken (or hostile), and the caller breaks the connection.
+    pub fn wait_for_peer_copies(&self, limit: Duration) -> bool {
+        fence(SeqCst);
+        let count = &self.header().copying[self.side.peer().index()].0;
+        let start = Instant::now();
+        let mut spins = 0u32;
+        while count.load(SeqCst) != 0 {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            spins += 1;
+            match spins {
+                0..64 => std::hint::spin_loop(),
+                64..128 => std::thread::yield_now(),
+                _ => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
+        true
     }
 
     /// True once the peer has set its `closed` flag.
     pub fn peer_closed(&self) -> bool {
-        self.header().closed[self.side.peer().index()].load(Acquire) != 0
+        self.header().closed[self.side.peer().index()].load(SeqCst) != 0
     }
 
     fn header(&self) -> &ConnHeader {
@@ -149,10 +203,42 @@ impl ConnSegment {
     }
 }
 
+/// A cross-memory copy under way (see [`ConnSegment::begin_copy`]).
+pub struct CopyGuard<'a> {
+    count: &'a AtomicU32,
+}
+
+impl Drop for CopyGuard<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn a_close_waits_for_the_peers_copy_and_refuses_later_ones() {
+        let (a, b) = pair();
+        let copy = a.begin_copy().unwrap();
+        b.mark_closed();
+        // B's fence waits for A's copy under way ...
+        assert!(!b.wait_for_peer_copies(Duration::from_millis(20)));
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| b.wait_for_peer_copies(Duration::from_secs(10)));
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!waiter.is_finished());
+            drop(copy);
+            assert!(waiter.join().unwrap());
+        });
+        // ... and A starts no copy after B closed.
+        assert!(a.begin_copy().is_none());
+        assert!(b.wait_for_peer_copies(Duration::ZERO));
+        // B's own copies are not A's: B may still copy until A closes.
+        assert!(b.begin_copy().is_some());
+    }
 
     /// Both sides of one segment, through two mappings of the same memfd.
     fn pair() -> (ConnSegment, ConnSegment) {

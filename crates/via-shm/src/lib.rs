@@ -26,7 +26,7 @@ pub mod ring;
 pub mod stats;
 pub mod table;
 
-pub use conn::{ConnSegment, Side, CONN_SEGMENT_BYTES, CONN_VERSION};
+pub use conn::{ConnSegment, CopyGuard, Side, CONN_SEGMENT_BYTES, CONN_VERSION};
 pub use error::ShmError;
 pub use futex::{futex_wait, futex_wake};
 pub use inbox::{Inbox, INBOXES, INBOX_ENTRIES, INBOX_SEGMENT_BYTES};
