@@ -17,6 +17,15 @@
  *   sender writes them by cross-memory attach its write fails and the
  *   connection breaks: DESC_FLUSHED_ERROR).  A receive whose descriptor's
  *   own region went that way is handed back unwritten.
+ * - A descriptor whose own region is deregistered and unmapped while it is
+ *   posted is handed back unwritten however it completes: a receive
+ *   flushed by VipDisconnect, or by the peer's disconnect (the provider's
+ *   thread flushes it), or completed with its content error after the
+ *   receive ahead of it; a send still at the doorbell (VIA_DOORBELL=d1/d2)
+ *   when its region goes.  Nothing crashes, and VipRecvDone/VipSendDone
+ *   return it in its turn.  (Over the network, where sends are pending
+ *   until acknowledged and receives are placed from packets: the cluster
+ *   case `deregistered`, tests/cluster/gone.c.)
  */
 #include "vt.h"
 
@@ -323,12 +332,126 @@ static void gone_server(vt_end *e)
     vt_put_u64(e->fd, CMD_END);
 }
 
+/* ------------------------------------------------------------------ */
+/* A posted descriptor's own region deregistered and unmapped           */
+/* ------------------------------------------------------------------ */
+
+#define CMD_HANGUP 1000001    /* own_client: a dead receive posted, VipDisconnect */
+#define CMD_SEND_GONE 1000002 /* own_client: a send whose region goes at once */
+
+/* A page of its own, registered: a descriptor there can lose its region. */
+static VIP_DESCRIPTOR *own_page(vt_end *e, VIP_MEM_HANDLE *mh)
+{
+    VIP_MEM_ATTRIBUTES ma = {e->ptag, VIP_FALSE, VIP_FALSE};
+    VIP_UINT8 *page = map_pages(1);
+    CHECK_OK(VipRegisterMem(e->nic, page, page_size(), &ma, mh));
+    return (VIP_DESCRIPTOR *)(void *)page;
+}
+
+/* Deregistered and unmapped: the descriptor must not be touched again. */
+static void drop_page(vt_end *e, VIP_DESCRIPTOR *d, VIP_MEM_HANDLE mh)
+{
+    CHECK_OK(VipDeregisterMem(e->nic, d, mh));
+    CHECK(munmap(d, page_size()) == 0);
+}
+
+static void own_client(vt_end *e)
+{
+    VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0);
+    for (;;) {
+        uint64_t cmd = vt_get_u64(e->fd);
+        if (cmd == CMD_END)
+            return;
+        if (cmd == CMD_HANGUP) {
+            /* Flushed by this side's VipDisconnect. */
+            VIP_MEM_HANDLE mh;
+            VIP_DESCRIPTOR *dd = own_page(e, &mh);
+            post_recv(e, dd, mh, e->buf.base, e->buf.mh, 64);
+            drop_page(e, dd, mh);
+            CHECK_OK(VipDisconnect(e->vi));
+            CHECK_STATE(VIP_STATE_IDLE, e->vi);
+            CHECK_PTR(dd, vt_recv_done(e->vi));
+            expect_nothing_more(e);
+            vt_put_u64(e->fd, 0);
+            continue;
+        }
+        if (cmd == CMD_SEND_GONE) {
+            /* Carried out in VipPostSend, or by the send engine after the
+             * region went (VIA_DOORBELL=d1/d2): then it is not read. */
+            VIP_MEM_HANDLE mh;
+            VIP_DESCRIPTOR *sd = own_page(e, &mh);
+            vt_desc_send(sd, 0, 0, e->buf.base, e->buf.mh, 8, 1);
+            CHECK_OK(VipPostSend(e->vi, sd, mh));
+            drop_page(e, sd, mh);
+            CHECK_PTR(sd, vt_send_wait(e->vi));
+            VIP_DESCRIPTOR *none = NULL;
+            CHECK_RET(VIP_NOT_DONE, VipSendDone(e->vi, &none));
+            vt_put_u64(e->fd, 0);
+            continue;
+        }
+        vt_fill(e->buf.base, (size_t)cmd, (uint32_t)cmd);
+        vt_desc_send(d, 0, 0, e->buf.base, e->buf.mh, (size_t)cmd, 1);
+        CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+        CHECK_PTR(d, vt_send_wait(e->vi));
+        vt_put_u64(e->fd, d->CS.Status);
+    }
+}
+
+static void own_server(vt_end *e)
+{
+    VIP_MEM_HANDLE dmh = e->descs.mem.mh;
+    VIP_MEM_HANDLE mh;
+
+    if (e->conf->level == U) {
+        /* A receive that fails its checks waits behind the one ahead of it
+         * (an unreliable VI stays connected); its region goes meanwhile. */
+        VIP_DESCRIPTOR *a = vt_dpool_get(&e->descs, 0);
+        post_recv(e, a, dmh, e->buf.base, e->buf.mh, 64);
+        VIP_DESCRIPTOR *bad = own_page(e, &mh);
+        vt_desc_recv(bad, e->buf.base + 64, e->buf.mh, 64, 1);
+        bad->CS.SegCount = VT_MAX_SEGS + 1; /* FORMAT_ERROR */
+        CHECK_OK(VipPostRecv(e->vi, bad, mh));
+        drop_page(e, bad, mh);
+        ask(e, 8);
+        expect_good(e, a, e->buf.base, 8);
+        CHECK_PTR(bad, vt_recv_wait(e->vi));
+        expect_nothing_more(e);
+        CHECK_STATE(VIP_STATE_CONNECTED, e->vi);
+
+        /* A send whose region goes right after the post; no receive here,
+         * so the message, if it went, is dropped. */
+        vt_put_u64(e->fd, CMD_SEND_GONE);
+        CHECK_EQ(0, vt_get_u64(e->fd));
+        expect_nothing_more(e);
+    }
+
+    /* Flushed on this side by the provider's thread when the peer
+     * disconnects (with its own such receive, flushed by its VipDisconnect). */
+    VIP_DESCRIPTOR *dd = own_page(e, &mh);
+    post_recv(e, dd, mh, e->buf.base, e->buf.mh, 64);
+    drop_page(e, dd, mh);
+    vt_put_u64(e->fd, CMD_HANGUP);
+    CHECK_EQ(0, vt_get_u64(e->fd));
+    CHECK_STATE_SOON(VIP_STATE_ERROR, e->vi);
+    CHECK_PTR(dd, vt_recv_wait(e->vi));
+    expect_nothing_more(e);
+    /* The VI still works: a receive posted now is flushed at once. */
+    VIP_DESCRIPTOR *late = vt_dpool_get(&e->descs, 1);
+    post_recv(e, late, dmh, e->buf.base, e->buf.mh, 64);
+    CHECK_PTR(late, vt_recv_wait(e->vi));
+    CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_DESC_FLUSHED_ERROR, late);
+    vt_put_u64(e->fd, CMD_END);
+}
+
 static const vt_scenario scenarios[] = {
     {"twice-u", {U, 0, 0, 0, 0, 0, 0}, twice_client, twice_server},
     {"twice-rd", {RD, 0, 0, 0, 0, 0, 0}, twice_client, twice_server},
     {"gone-u", {U, 0, 0, 0, 0, 0, 0}, client_sends, gone_server},
     {"gone-rd", {RD, 0, 0, 0, 0, 0, 0}, client_sends, gone_server},
     {"gone-rr", {RR, 0, 0, 0, 0, 0, 0}, client_sends, gone_server},
+    {"own-region-u", {U, 0, 0, 0, 0, 0, 0}, own_client, own_server},
+    {"own-region-rd", {RD, 0, 0, 0, 0, 0, 0}, own_client, own_server},
+    {"own-region-rr", {RR, 0, 0, 0, 0, 0, 0}, own_client, own_server},
 };
 
 int main(void)

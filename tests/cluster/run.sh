@@ -9,6 +9,9 @@
 #   acceptance-9000  the same at MTU 9000
 #   ops-1500         tests/cluster/ops.c: every data operation, MTU 1500
 #   ops-9000         the same at MTU 9000
+#   deregistered     tests/cluster/gone.c: memory deregistered and unmapped
+#                    under posted sends, receives and RDMA reads is neither
+#                    read nor written; the descriptors complete as they must
 #   alltoall         4 hosts on a bridge, a reliable VI between every pair
 #   cm-stats         `viad --stats` shows the connection managers at work
 #   peer-killed      a transfer whose peer process is SIGKILLed
@@ -60,7 +63,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 deregistered alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -193,6 +196,12 @@ case_acceptance() {
 case_ops() {
     up 2 --mtu "$1" || return 1
     pair ops "$logs/$tc" 120 "$out/ops" server h2 -- "$out/ops" client h1
+}
+
+# Memory deregistered and unmapped under posted descriptors.
+case_deregistered() {
+    up 2 || return 1
+    pair gone "$logs/$tc" 120 "$out/gone" server h2 -- "$out/gone" client h1
 }
 
 case_alltoall() {
@@ -496,6 +505,7 @@ run_one() {
     acceptance-9000) case_acceptance 9000 ;;
     ops-1500) case_ops 1500 ;;
     ops-9000) case_ops 9000 ;;
+    deregistered) case_deregistered ;;
     alltoall) case_alltoall ;;
     cm-stats) case_cm_stats ;;
     peer-killed) case_fault kill ;;
@@ -524,7 +534,7 @@ build() {
     vcflags=$(env $pc_env pkg-config --cflags vipl) || return 1
     # shellcheck disable=SC2086
     vlibs=$(env $pc_env pkg-config --libs vipl) || return 1
-    for p in ops alltoall stream names acceptance pingpong; do
+    for p in ops gone alltoall stream names acceptance pingpong; do
         src=$here/$p.c
         [ "$p" = acceptance ] && src=$top/tests/c/acceptance.c
         [ "$p" = pingpong ] && src=$top/examples/pingpong.c

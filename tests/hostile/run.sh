@@ -129,5 +129,36 @@ c=$?
 wait $v
 result segment-size $h $c $?
 
+# 6. Another user poses as the host agent on the name a VIA program uses:
+#    the program sends it nothing and uses an agent of its own user.
+if [ "$(id -u)" = 0 ]; then
+    name=openvia-impostor-$$
+    as_other timeout 60 "$hostile" impostor $name "$work" 4 &
+    h=$!
+    await "$work/impostor.ready"
+    VIA_AGENT_SOCKET=$name VIA_VIAD=$viad timeout 30 "$victim" open
+    v=$?
+    wait $h
+    hs=$?
+    echo "hostile: the impostor got $(cat "$work/impostor.got" 2>/dev/null)"
+    "$viad" --stop --socket "$name.0" >/dev/null 2>&1
+    result agent-impostor $v $hs
+else
+    echo "SKIP agent-impostor (needs root: another user to be)"
+fi
+
+# 7. Another user asks the agent to stop: refused, the agent serves on.
+if [ "$(id -u)" = 0 ]; then
+    as_other "$viad" --stop --socket "$VIA_AGENT_SOCKET" >/dev/null 2>&1
+    s=$?
+    # Still there: --stats starts no agent.
+    "$viad" --stats --socket "$VIA_AGENT_SOCKET" >/dev/null 2>&1
+    v=$?
+    [ $s != 0 ] && s=0 || s=1
+    result stop-by-another-user $s $v
+else
+    echo "SKIP stop-by-another-user (needs root: another user to be)"
+fi
+
 echo "hostile: $passed passed, $failed failed"
 [ $failed = 0 ] || { echo "failed:$failures"; exit 1; }

@@ -13,6 +13,8 @@
  *   victim listen DISC       wait (VIP_INFINITE) and accept the first
  *                            client that completes its handshake
  *   victim client DISC       an honest client of "victim listen"
+ *   victim open              open and close the NIC (with whatever agent
+ *                            VIA_AGENT_SOCKET leads to)
  */
 #include "../c/vt.h"
 
@@ -168,6 +170,12 @@ int main(int argc, char **argv)
         return mode_listen(argv[2]);
     if (argc == 3 && strcmp(argv[1], "client") == 0)
         return mode_client(argv[2]);
+    if (argc == 2 && strcmp(argv[1], "open") == 0) {
+        VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
+        CHECK_OK(VipCloseNic(nic));
+        printf("victim: opened and closed %s\n", VT_DEV);
+        return 0;
+    }
     fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | listen DISC | client DISC\n");
     return 2;
 }

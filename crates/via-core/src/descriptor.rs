@@ -181,6 +181,8 @@ pub struct LocalSeg {
     pub addr: u64,
     /// Length in bytes.
     pub len: u32,
+    /// The memory handle it was checked against.
+    pub handle: u32,
 }
 
 /// A descriptor after validation: everything the transport needs, copied
@@ -261,7 +263,7 @@ pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) 
         }
         total += seg.len as u64;
         if seg.len > 0 {
-            segs.push(LocalSeg { addr: seg.addr, len: seg.len });
+            segs.push(LocalSeg { addr: seg.addr, len: seg.len, handle: seg.handle });
         }
     }
     if total > rules.max_transfer {

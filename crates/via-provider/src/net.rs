@@ -967,6 +967,10 @@ pub struct NetLink {
 pub(crate) struct NetState {
     pub session: Session,
     pub outbound: Outbound,
+    /// The NIC whose registry the messages' buffers are checked against
+    /// before their bytes are read (`Outbound::check`); set when the VI
+    /// connects (`Vi::connected_net`), before it posts anything.
+    pub(crate) registry_of: Option<Arc<Nic>>,
     /// Packets built for one `sendmmsg`.
     out: OutPackets,
     /// The session's counters when last added to the NIC's.
@@ -1050,6 +1054,7 @@ impl NetLink {
             state: Mutex::new(NetState {
                 session: Session::new(config, local, remote, Instant::now()),
                 outbound: Outbound::default(),
+                registry_of: None,
                 out: OutPackets::default(),
                 seen: Default::default(),
                 frames: FrameTally::default(),
@@ -1062,6 +1067,13 @@ impl NetState {
     /// A token for a message whose bytes come from `gather`.
     pub fn remember(&mut self, gather: Gather) -> u64 {
         self.outbound.insert(gather)
+    }
+
+    /// A token for a message whose bytes come from `gather`, in the
+    /// application's registered memory as `registered` says: they are
+    /// read only while it stays registered (`Outbound::check`).
+    pub fn remember_registered(&mut self, gather: Gather, registered: Registered) -> u64 {
+        self.outbound.insert_registered(gather, Some(registered))
     }
 
     /// Keeps the bytes of a message that must not be read again from
@@ -1108,7 +1120,27 @@ impl NetState {
         let mut batches = 0;
         let mut last = None;
         let was_off = self.frames.off;
+        // The registry's deregistration count, read once per flush, where
+        // a packet of the application's buffers is built.
+        let mut deregistrations = None;
         while let Some(t) = next(&mut self.session) {
+            if let (Some(p), Some(nic)) = (t.payload, &self.registry_of) {
+                // Before a byte is read: the application may have
+                // deregistered (and unmapped) a buffer since it posted the
+                // send.  Then nothing more of the message is read or sent:
+                // its send fails, and a reliable session breaks.
+                match self.outbound.check(p.token, &nic.registry, &mut deregistrations) {
+                    Check::Readable => {}
+                    Check::Refused => {
+                        events.push(NetEvent::Unreadable { token: p.token });
+                        if self.session.config().reliable {
+                            self.session.close(crate::nic::error_code::CONN_LOST);
+                        }
+                        continue;
+                    }
+                    Check::Refusing => continue,
+                }
+            }
             last = t.header.kind.is_sequenced().then_some(t.header.seq);
             self.frames.leaving(last);
             let gather = t.payload.and_then(|p| self.outbound.get(p.token));
@@ -1194,8 +1226,41 @@ pub(crate) struct Outbound {
 /// owns them.
 struct Held {
     gather: Gather,
+    /// Where `gather` lies in the application's registered memory, to be
+    /// asked again before its bytes are read; `None` for bytes the message
+    /// owns (or none).
+    registered: Option<Registered>,
+    /// Found unregistered ([`Outbound::check`]): never read again.
+    refused: bool,
     /// Never read here: `gather` points into it, and it lives as long.
     _snapshot: Option<Box<[u8]>>,
+}
+
+/// Where the buffers of a message lie in the registry: the application may
+/// deregister (and unmap) them while the message is under way, and a
+/// packet, or a retransmission, must not read them then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Registered {
+    /// `Registry::deregistrations` when the buffers were last known to be
+    /// registered (read before they were checked): while the count stays
+    /// there, they still are, in one load.
+    pub epoch: u32,
+    /// The protection tag the buffers must carry (the VI's).
+    pub ptag: u32,
+    /// The memory handle of each buffer of the gather, in order.
+    pub handles: smallvec::SmallVec<[u32; 2]>,
+}
+
+/// What [`Outbound::check`] found of a message's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// They may be read (or the message has none, or is gone).
+    Readable,
+    /// A buffer is no longer registered (with the tag): found now, and to
+    /// be reported; nothing of the message is read from now on.
+    Refused,
+    /// Found so before, and reported.
+    Refusing,
 }
 
 impl Default for Outbound {
@@ -1207,8 +1272,55 @@ impl Default for Outbound {
 impl Outbound {
     /// Keeps `gather`; returns its token.
     pub fn insert(&mut self, gather: Gather) -> u64 {
-        self.slots.push_back(Some(Held { gather, _snapshot: None }));
+        self.insert_registered(gather, None)
+    }
+
+    /// Keeps `gather`, which lies in registered memory as `registered`
+    /// says (checked before its bytes are read: [`Outbound::check`]);
+    /// returns its token.
+    pub fn insert_registered(&mut self, gather: Gather, registered: Option<Registered>) -> u64 {
+        debug_assert!(registered.as_ref().is_none_or(|r| r.handles.len() == gather.len()));
+        self.slots.push_back(Some(Held { gather, registered, refused: false, _snapshot: None }));
         self.first + self.slots.len() as u64 - 1
+    }
+
+    /// Whether the bytes of message `token` may be read now: its buffers
+    /// are still registered with their tag.  `deregistrations` is the
+    /// registry's count, read at the first call of a flush that needs it
+    /// and kept for the rest: while it equals the message's, the answer is
+    /// yes without a look at the registry (one load per flush).  Otherwise
+    /// each buffer is looked up again; if all are still there the message
+    /// takes the count, else it is refused for good.
+    pub fn check(
+        &mut self,
+        token: u64,
+        registry: &via_core::registry::Registry,
+        deregistrations: &mut Option<u32>,
+    ) -> Check {
+        let Some(i) = token.checked_sub(self.first).and_then(|i| usize::try_from(i).ok()) else {
+            return Check::Readable;
+        };
+        let Some(Some(held)) = self.slots.get_mut(i) else { return Check::Readable };
+        if held.refused {
+            return Check::Refusing;
+        }
+        let Some(reg) = held.registered.as_mut() else { return Check::Readable };
+        let now = *deregistrations.get_or_insert_with(|| registry.deregistrations());
+        if now == reg.epoch {
+            return Check::Readable;
+        }
+        let live = held
+            .gather
+            .iter()
+            .zip(&reg.handles)
+            .all(|(&(addr, len), &handle)| registry.check_local(handle, addr, len as u64, reg.ptag));
+        if live {
+            reg.epoch = now;
+            Check::Readable
+        } else {
+            held.refused = true;
+            Check::Refused
+        }
     }
 
     /// Keeps `bytes` as a message of its own; returns its token.
@@ -1218,7 +1330,7 @@ impl Outbound {
             0 => Gather::new(),
             n => smallvec::smallvec![(bytes.as_ptr() as u64, n as u32)],
         };
-        self.slots.push_back(Some(Held { gather, _snapshot: Some(bytes) }));
+        self.slots.push_back(Some(Held { gather, registered: None, refused: false, _snapshot: Some(bytes) }));
         self.first + self.slots.len() as u64 - 1
     }
 
@@ -1250,7 +1362,16 @@ pub(crate) type NetEvents<'a> = smallvec::SmallVec<[NetEvent<'a>; 4]>;
 #[derive(Debug)]
 pub(crate) enum NetEvent<'a> {
     Segment(Segment, Cow<'a, [u8]>),
-    Sent { token: u64 },
+    Sent {
+        token: u64,
+    },
+    /// A buffer of the message was deregistered before all its bytes were
+    /// read (`Outbound::check`): nothing more of it is read or sent, and
+    /// its send completes with a protection error.  On a reliable session
+    /// the flush that found it has closed the session (`Broken` follows).
+    Unreadable {
+        token: u64,
+    },
     Broken(BreakReason),
 }
 
@@ -1351,7 +1472,10 @@ mod tests {
     fn scatter_crosses_segment_boundaries() {
         let mut x = [0u8; 4];
         let mut y = [0u8; 4];
-        let segs = [LocalSeg { addr: x.as_mut_ptr() as u64, len: 4 }, LocalSeg { addr: y.as_mut_ptr() as u64, len: 4 }];
+        let segs = [
+            LocalSeg { addr: x.as_mut_ptr() as u64, len: 4, handle: 0 },
+            LocalSeg { addr: y.as_mut_ptr() as u64, len: 4, handle: 0 },
+        ];
         assert!(scatter(&segs, 2, b"abcd"));
         assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
         assert!(!scatter(&segs, 6, b"abc"));
@@ -1393,6 +1517,89 @@ mod tests {
         // An unsequenced frame neither counts as lost nor clears the row.
         t.sent_frame(None);
         assert_eq!(t.lost_in_row, 3);
+    }
+
+    /// `pages` pages mapped readable and writable, to register and unmap.
+    fn map_pages(pages: usize) -> u64 {
+        // SAFETY: an anonymous private mapping, checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                pages * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as u64
+    }
+
+    #[test]
+    fn a_message_whose_buffer_was_deregistered_is_not_read_again() {
+        use via_core::registry::Registry;
+        let reg = Registry::new().unwrap();
+        let (tag, page) = (7, 4096u64);
+        let p = map_pages(3);
+        let a = reg.register(p, page, tag, 0, false).unwrap();
+        let b = reg.register(p + page, page, tag, 0, false).unwrap();
+        let c = reg.register(p + 2 * page, page, tag, 0, false).unwrap();
+        let registered =
+            |handles: &[u32]| Registered { epoch: reg.deregistrations(), ptag: tag, handles: handles.into() };
+        let mut o = Outbound::default();
+        let both = o.insert_registered(smallvec::smallvec![(p + 10, 100), (p + page, 200)], Some(registered(&[a, b])));
+        let first = o.insert_registered(smallvec::smallvec![(p, 10)], Some(registered(&[a])));
+        let plain = o.insert(smallvec::smallvec![(p + page, 10)]);
+        let snapshot = o.insert_snapshot(vec![1u8; 10].into());
+
+        // Nothing went: readable, on the count read once for the flush.
+        let mut count = None;
+        for token in [both, first, plain, snapshot, 99] {
+            assert_eq!(o.check(token, &reg, &mut count), Check::Readable);
+        }
+        assert_eq!(count, Some(reg.deregistrations()));
+
+        // Another region goes: the buffers are looked up again, found, and
+        // the message takes the new count.
+        reg.deregister(c, p + 2 * page).unwrap();
+        let mut count = None;
+        assert_eq!(o.check(both, &reg, &mut count), Check::Readable);
+        let i = (both - o.first) as usize;
+        assert_eq!(o.slots[i].as_ref().unwrap().registered.as_ref().unwrap().epoch, reg.deregistrations());
+
+        // One of its buffers goes and is unmapped: refused, once reported,
+        // and never read again, whatever comes back at that address.
+        reg.deregister(b, p + page).unwrap();
+        // SAFETY: the page mapped above, no longer registered.
+        assert_eq!(unsafe { libc::munmap((p + page) as *mut libc::c_void, page as usize) }, 0);
+        let mut count = None;
+        assert_eq!(o.check(both, &reg, &mut count), Check::Refused);
+        assert_eq!(o.check(both, &reg, &mut count), Check::Refusing);
+        let again = reg.register(p, 2 * page, tag, 0, false);
+        assert!(again.is_err(), "a range with an unmapped page does not register");
+        let mut count = None;
+        assert_eq!(o.check(both, &reg, &mut count), Check::Refusing);
+        // A message whose buffers are all still there goes on; one whose
+        // bytes are its own, or that came with no registration, is not asked.
+        assert_eq!(o.check(first, &reg, &mut count), Check::Readable);
+        assert_eq!(o.check(snapshot, &reg, &mut count), Check::Readable);
+        assert_eq!(o.check(plain, &reg, &mut count), Check::Readable);
+        // Gone from the outbound (acknowledged): nothing to read.
+        o.remove(both);
+        assert_eq!(o.check(both, &reg, &mut count), Check::Readable);
+        assert!(o.get(both).is_none());
+
+        // A buffer moved to another tag is refused too.
+        reg.set_attributes(a, p, tag + 1, 0).unwrap();
+        reg.deregister(reg.register(p + 2 * page, page, tag, 0, false).unwrap(), p + 2 * page).unwrap();
+        let mut count = None;
+        assert_eq!(o.check(first, &reg, &mut count), Check::Refused);
+        // SAFETY: the rest of the mapping above.
+        unsafe {
+            libc::munmap(p as *mut libc::c_void, page as usize);
+            libc::munmap((p + 2 * page) as *mut libc::c_void, page as usize);
+        }
     }
 
     #[test]

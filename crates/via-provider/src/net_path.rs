@@ -3,7 +3,7 @@
 //! complete descriptors, place received bytes and answer RDMA requests.
 
 use crate::counters::{Counter, StageTimer};
-use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink};
+use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink, Registered};
 use crate::nic::error_code;
 use crate::vi::{reliable, Break, Inbound, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
 use std::sync::atomic::Ordering;
@@ -43,6 +43,9 @@ impl Vi {
         let mut r = self.recv.lock();
         let mut s = self.send.lock();
         link.port.register(link.local_vi, Arc::downgrade(self));
+        // Sends' buffers are checked against this registry before their
+        // bytes are read (`Outbound::check`).
+        link.state.lock().registry_of = Some(self.nic.clone());
         s.net = Some(link.clone());
         *self.net.lock() = Some(link);
         self.networked.store(true, Ordering::Release);
@@ -68,6 +71,8 @@ impl Vi {
         let mut events = NetEvents::new();
         let mut st = link.state.lock();
         let timer = StageTimer::start();
+        // Before the buffers are checked: a region that goes after this shows.
+        let epoch = rules.registry.deregistrations();
         let checked = validate(desc, mem, false, rules);
         timer.stop(&self.nic.counters, Counter::ValidateNs, None);
         let timer = StageTimer::start();
@@ -75,7 +80,9 @@ impl Vi {
             Err(bits) => {
                 let op = desc.op_status_bits();
                 desc.complete(op | bits, 0, None);
-                q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op, length: 0, give_up: None });
+                let item =
+                    SendItem { desc, mem, epoch, done: true, token: 0, read: None, op, length: 0, give_up: None };
+                q.items.push_back(item);
                 if reliable(attrs.reliability) {
                     st.session.close(error_code::CONN_LOST);
                 }
@@ -99,9 +106,18 @@ impl Vi {
                     }
                     _ => (MsgKind::Send, total, None),
                 };
-                let token = st.remember(if wr.op == Op::RdmaRead { Gather::new() } else { gather });
+                // The bytes are read from the buffers as packets go out,
+                // while they stay registered (`Outbound::check`).  An RDMA
+                // read sends none of them.
+                let token = if wr.op == Op::RdmaRead {
+                    st.remember(Gather::new())
+                } else {
+                    let handles = wr.segs.iter().map(|s| s.handle).collect();
+                    st.remember_registered(gather, Registered { epoch, ptag: rules.ptag, handles })
+                };
                 let sent = st.session.send(OutMessage { kind, len, imm: wr.immediate, token });
-                let mut item = SendItem { desc, done: false, token, read: None, op, length: total, give_up: None };
+                let mut item =
+                    SendItem { desc, mem, epoch, done: false, token, read: None, op, length: total, give_up: None };
                 match sent {
                     Ok(msg) => {
                         item.read = read.map(|segs| (msg, segs));
@@ -208,6 +224,12 @@ impl Vi {
         let r = self.recv.lock();
         let inbound = r.inbound?;
         let item = r.items.get(r.done).filter(|i| !i.done && i.error == 0)?;
+        // Only while no region went since its buffers were last found
+        // registered (one load): else the packet goes through the receive
+        // buffer, and `place` asks the registry before it writes a byte.
+        if self.nic.registry.deregistrations() != item.epoch {
+            return None;
+        }
         let left = inbound.total.saturating_sub(inbound.placed) as usize;
         let (place, len) = continuation(&item.segs, inbound.placed, max.min(left))?;
         Some(receive(place, len))
@@ -263,8 +285,8 @@ impl Vi {
         for item in s.items.iter_mut().filter(|i| !i.done) {
             match item.give_up {
                 Some(t) if t <= now => {
-                    item.desc.complete(item.op, item.length, None);
-                    item.done = true;
+                    let (status, length) = (item.op, item.length);
+                    item.finish(&self.nic.registry, status, length);
                 }
                 Some(t) => next = Some(next.map_or(t, |n| n.min(t))),
                 None => {}
@@ -298,8 +320,8 @@ impl Vi {
                     NetEvent::Sent { token } => {
                         if let Some(item) = s.items.iter_mut().find(|i| !i.done && i.token == token) {
                             if item.read.is_none() {
-                                item.desc.complete(item.op, item.length, None);
-                                item.done = true;
+                                let (status, length) = (item.op, item.length);
+                                item.finish(rules.registry, status, length);
                             } else if !reliable && item.op == STATUS_OP_RDMA_WRITE {
                                 // The answer may be lost on an unreliable VI: do not wait for ever.
                                 item.give_up = Some(std::time::Instant::now() + UNANSWERED_WRITE);
@@ -363,8 +385,7 @@ impl Vi {
                                     match r.items.get_mut(index) {
                                         Some(item) => {
                                             let bits = STATUS_OP_REMOTE_RDMA_WRITE | STATUS_IMMEDIATE;
-                                            item.desc.complete(bits, total, imm);
-                                            item.done = true;
+                                            item.finish(rules.registry, bits, total, imm);
                                             r.done += 1;
                                             self.push_cq(true);
                                             f.woke = true;
@@ -402,8 +423,7 @@ impl Vi {
                                     .find(|i| !i.done && i.read.as_ref().is_some_and(|(m, _)| *m == request));
                                 if let Some(item) = found {
                                     if status != 0 {
-                                        item.desc.complete(item.op | STATUS_RDMA_PROT_ERROR, 0, None);
-                                        item.done = true;
+                                        item.finish(rules.registry, item.op | STATUS_RDMA_PROT_ERROR, 0);
                                         if reliable {
                                             // The target refused: on a reliable VI the connection breaks.
                                             let theirs = if item.op == STATUS_OP_RDMA_WRITE {
@@ -414,16 +434,28 @@ impl Vi {
                                             f.close = Some(Break { mine: error_code::CONN_LOST, theirs });
                                         }
                                     } else if item.op == STATUS_OP_RDMA_WRITE {
-                                        item.desc.complete(item.op, item.length, None);
-                                        item.done = true;
+                                        let (status, length) = (item.op, item.length);
+                                        item.finish(rules.registry, status, length);
                                     } else {
                                         let segs = &item.read.as_ref().expect("read").1;
-                                        if !scatter(segs, offset as u64, &data) || total != item.length {
-                                            item.desc.complete(item.op | STATUS_TRANSPORT_ERROR, 0, None);
-                                            item.done = true;
+                                        // The local buffers may have been
+                                        // deregistered (and unmapped) since
+                                        // the read was posted: then no byte
+                                        // lands, a local protection error.
+                                        let (desc_live, buffers_live) =
+                                            still_registered(&rules, item.mem, &mut item.epoch, segs);
+                                        if !buffers_live {
+                                            item.finish(rules.registry, item.op | STATUS_PROTECTION_ERROR, 0);
+                                            if reliable && desc_live {
+                                                f.close = Some(Break {
+                                                    mine: error_code::POST_DESC,
+                                                    theirs: error_code::CONN_LOST,
+                                                });
+                                            }
+                                        } else if !scatter(segs, offset as u64, &data) || total != item.length {
+                                            item.finish(rules.registry, item.op | STATUS_TRANSPORT_ERROR, 0);
                                         } else if last {
-                                            item.desc.complete(item.op, total, None);
-                                            item.done = true;
+                                            item.finish(rules.registry, item.op, total);
                                         }
                                     }
                                 }
@@ -434,16 +466,28 @@ impl Vi {
                         // The target refused our oldest unacknowledged RDMA write.
                         let refused = s.items.iter_mut().find(|i| !i.done && i.op == STATUS_OP_RDMA_WRITE);
                         if let Some(item) = refused {
-                            item.desc.complete(item.op | STATUS_RDMA_PROT_ERROR, 0, None);
-                            item.done = true;
+                            item.finish(rules.registry, item.op | STATUS_RDMA_PROT_ERROR, 0);
                         }
-                        f.lost = Some(error_code::CONN_LOST);
+                        f.lost.get_or_insert(error_code::CONN_LOST);
+                    }
+                    NetEvent::Unreadable { token } => {
+                        // A buffer of this send was deregistered before its
+                        // bytes were all read: nothing more of it goes, and
+                        // a reliable session was closed where it was found.
+                        if let Some(item) = s.items.iter_mut().find(|i| !i.done && i.token == token) {
+                            item.finish(rules.registry, item.op | STATUS_PROTECTION_ERROR, 0);
+                            if reliable {
+                                f.lost.get_or_insert(error_code::POST_DESC);
+                            }
+                        }
                     }
                     NetEvent::Broken(reason) => {
-                        f.lost = Some(match reason {
+                        // The first reason stands (`Unreadable` before the
+                        // break it caused).
+                        f.lost.get_or_insert(match reason {
                             BreakReason::PeerBreak(code) if code <= error_code::CATASTROPHIC => code,
                             _ => error_code::CONN_LOST,
-                        })
+                        });
                     }
                 }
             }
@@ -537,8 +581,7 @@ impl Vi {
                     return;
                 }
                 Some(item) if total as u64 > item.total => {
-                    item.desc.complete(STATUS_OP_RECEIVE | STATUS_LENGTH_ERROR, 0, None);
-                    item.done = true;
+                    item.finish(&self.nic.registry, STATUS_OP_RECEIVE | STATUS_LENGTH_ERROR, 0, None);
                     r.done += 1;
                     self.push_cq(true);
                     f.woke = true;
@@ -553,9 +596,40 @@ impl Vi {
                 Some(_) => r.inbound = Some(Inbound { msg, total, placed: 0 }),
             }
         }
-        let Some(inbound) = r.inbound.as_mut().filter(|i| i.msg == msg) else { return };
-        inbound.placed = offset.saturating_add(data.len() as u32);
+        if r.inbound.is_none_or(|i| i.msg != msg) {
+            return;
+        }
         let index = r.done;
+        let item = &mut r.items[index];
+        // Before a byte lands: the application may have deregistered (and
+        // unmapped) a buffer of the receive since it posted it.  One load
+        // while no region went since they were last found registered.
+        let (desc_live, buffers_live) = if self.nic.registry.deregistrations() == item.epoch {
+            (true, true)
+        } else {
+            still_registered(&self.rules().0, item.mem, &mut item.epoch, &item.segs)
+        };
+        if !buffers_live {
+            // No byte lands, a local protection error.  (Or the descriptor's
+            // own region went, and with it what its buffers are: nothing
+            // lands, nothing is written, and the connection, which did
+            // nothing wrong, goes on.)
+            item.finish(&self.nic.registry, STATUS_OP_RECEIVE | STATUS_PROTECTION_ERROR, 0, None);
+            r.done += 1;
+            r.inbound = None;
+            self.push_cq(true);
+            f.woke = true;
+            if desc_live && reliable {
+                f.close = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+            }
+            if !last {
+                r.dropping = Some(msg);
+            }
+            return;
+        }
+        if let Some(inbound) = r.inbound.as_mut() {
+            inbound.placed = offset.saturating_add(data.len() as u32);
+        }
         let item = &mut r.items[index];
         scatter(&item.segs, offset as u64, data);
         if last {
@@ -563,8 +637,7 @@ impl Vi {
             if imm.is_some() {
                 bits |= STATUS_IMMEDIATE;
             }
-            item.desc.complete(bits, total, imm);
-            item.done = true;
+            item.finish(&self.nic.registry, bits, total, imm);
             r.done += 1;
             r.inbound = None;
             r.tally.add(Counter::MsgsReceived, 1);
@@ -589,6 +662,28 @@ fn continuation(segs: &[LocalSeg], offset: u32, max: usize) -> Option<(*mut u8, 
         offset -= len;
     }
     None
+}
+
+/// Whether a descriptor posted with memory handle `mem` and its buffers
+/// `segs` are still registered: the descriptor's own region, and each
+/// buffer in the region of its handle with the VI's tag.  While the
+/// registry has seen no deregistration since `*epoch` (read before they
+/// were last checked) they are, in one load; otherwise they are looked up,
+/// and if all are there `*epoch` moves on to the count read first.
+/// Returns whether the descriptor may be written and whether the buffers
+/// may be read or written.
+fn still_registered(rules: &Rules, mem: u32, epoch: &mut u32, segs: &[LocalSeg]) -> (bool, bool) {
+    let registry = rules.registry;
+    let now = registry.deregistrations();
+    if now == *epoch {
+        return (true, true);
+    }
+    let desc = registry.is_live(mem);
+    let buffers = desc && segs.iter().all(|s| registry.check_local(s.handle, s.addr, s.len as u64, rules.ptag));
+    if buffers {
+        *epoch = now;
+    }
+    (desc, buffers)
 }
 
 /// A message arrived for a reliable VI with no receive posted.
@@ -617,7 +712,7 @@ mod tests {
 
     #[test]
     fn a_continuation_stays_in_one_segment_and_within_the_message() {
-        let segs = [LocalSeg { addr: 0x1000, len: 100 }, LocalSeg { addr: 0x9000, len: 50 }];
+        let segs = [LocalSeg { addr: 0x1000, len: 100, handle: 0 }, LocalSeg { addr: 0x9000, len: 50, handle: 0 }];
         assert_eq!(continuation(&segs, 0, 1000), Some((0x1000 as *mut u8, 100)));
         assert_eq!(continuation(&segs, 40, 1000), Some((0x1028 as *mut u8, 60)));
         assert_eq!(continuation(&segs, 100, 1000), Some((0x9000 as *mut u8, 50)));
@@ -627,5 +722,49 @@ mod tests {
         assert_eq!(continuation(&segs, u32::MAX, 1000), None);
         assert_eq!(continuation(&segs, 10, 0), None);
         assert_eq!(continuation(&[], 0, 1000), None);
+    }
+
+    #[test]
+    fn buffers_and_descriptors_are_asked_again_only_after_a_deregistration() {
+        use via_core::registry::Registry;
+        let reg = Registry::new().unwrap();
+        let (tag, page) = (3, 4096u64);
+        // SAFETY: an anonymous private mapping, checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * page as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let p = p as u64;
+        let desc = reg.register(p, page, tag, 0, false).unwrap();
+        let buf = reg.register(p + page, page, tag, 0, false).unwrap();
+        let other = reg.register(p + 2 * page, page, tag, 0, false).unwrap();
+        let rules = Rules { registry: &reg, ptag: tag, max_transfer: 1 << 20, rdma_read: true };
+        let segs = [LocalSeg { addr: p + page + 8, len: 100, handle: buf }];
+        let posted = reg.deregistrations();
+        let mut epoch = posted;
+        assert_eq!(still_registered(&rules, desc, &mut epoch, &segs), (true, true));
+        assert_eq!(epoch, posted);
+        // Another region went: looked up, still there, the count moves on.
+        reg.deregister(other, p + 2 * page).unwrap();
+        assert_eq!(still_registered(&rules, desc, &mut epoch, &segs), (true, true));
+        assert_eq!(epoch, reg.deregistrations());
+        // The buffer's region went: the descriptor may be written, the buffer not.
+        reg.deregister(buf, p + page).unwrap();
+        assert_eq!(still_registered(&rules, desc, &mut epoch, &segs), (true, false));
+        // A handle that names another region than the buffer's: refused.
+        let elsewhere = [LocalSeg { addr: p + page + 8, len: 100, handle: desc }];
+        assert_eq!(still_registered(&rules, desc, &mut epoch, &elsewhere), (true, false));
+        // And the descriptor's own region: neither.
+        reg.deregister(desc, p).unwrap();
+        assert_eq!(still_registered(&rules, desc, &mut epoch, &segs), (false, false));
+        // SAFETY: the mapping made above, registered no more.
+        unsafe { libc::munmap(p as *mut libc::c_void, 3 * page as usize) };
     }
 }

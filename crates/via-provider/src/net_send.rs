@@ -83,7 +83,8 @@ impl OutPackets {
     /// Builds `t` after the packets there are: its payload copied from
     /// `gather` (zeros for a message that is gone: the peer has
     /// acknowledged it already), or left in place if it is long, then the
-    /// checksum.
+    /// checksum.  The caller has made sure that `gather` is still
+    /// registered memory (`Outbound::check`).
     pub(crate) fn push(&mut self, t: &Transmit, gather: Option<&Gather>) {
         let plen = t.payload.map_or(0, |p| p.len as usize).min(MAX_DATAGRAM - HEADER_LEN);
         if let (Some(p), Some(gather)) = (t.payload, gather) {
@@ -115,9 +116,11 @@ impl OutPackets {
         t.header.emit(header, plen);
         let pieces = self.pieces[first_piece..].iter().map(|&(addr, len)| {
             // SAFETY: the buffers were validated against the registry when
-            // posted and stay registered until the descriptor completes.
-            // An application that writes to them meanwhile breaks the VIA
-            // contract; its packet then fails the receiver's checksum.
+            // posted, and checked again before this packet was built where
+            // a region was deregistered since (`Outbound::check`, in
+            // `NetState::flush_with`): a message whose buffer went is not
+            // built.  An application that writes to them meanwhile breaks
+            // the VIA contract; its packet then fails the receiver's checksum.
             unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
         });
         via_wire::finish_split(header, pieces);
@@ -234,7 +237,8 @@ pub(crate) fn gather_bytes(gather: &[(u64, u32)], offset: u64, out: &mut [u8]) {
     let mut filled = 0;
     for (addr, n) in pieces(gather, offset, out.len()) {
         // SAFETY: the buffers were validated against the registry when posted
-        // and stay registered until the descriptor completes.
+        // and checked again before this packet was built where a region was
+        // deregistered since (`Outbound::check`, in `NetState::flush_with`).
         unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out[filled..].as_mut_ptr(), n) };
         filled += n;
     }

@@ -161,6 +161,19 @@ impl Nic {
             })
     }
 
+    /// `VipDeregisterMem`, a fence: once it returns, no peer's copy lands
+    /// in the region or reads from it (each shared-memory peer's copies
+    /// under way have finished, and later ones find the region gone).
+    pub fn deregister(&self, mem: u32, addr: u64) -> ViaResult<()> {
+        self.registry.deregister(mem, addr)?;
+        for (_, vi) in provider().vis.all() {
+            if vi.nic.handle == self.handle {
+                vi.fence_peer_copies();
+            }
+        }
+        Ok(())
+    }
+
     /// Looks up a NIC handle.
     pub fn get(handle: Handle) -> ViaResult<Arc<Nic>> {
         provider().nics.get(handle).ok_or(ViaError::InvalidParameter)

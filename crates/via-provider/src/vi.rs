@@ -101,6 +101,12 @@ pub(crate) struct Inbound {
 
 pub(crate) struct SendItem {
     pub desc: DescPtr,
+    /// The memory handle the descriptor was posted with.
+    pub mem: u32,
+    /// `Registry::deregistrations` when it was posted: where it differs
+    /// when the descriptor is written, its region is asked again
+    /// ([`desc_registered`]).
+    pub epoch: u32,
     pub done: bool,
     /// Network: the token of the message carrying it.
     pub token: u64,
@@ -139,6 +145,46 @@ impl SendQueue {
             self.done += 1;
         }
         self.done - before
+    }
+}
+
+/// Whether a descriptor posted with memory handle `mem`, when the registry
+/// had seen `epoch` deregistrations, may still be written: no region went
+/// since (one load), or its own region did not.  The application may have
+/// deregistered the descriptor's region and unmapped it while the
+/// descriptor was posted; then the descriptor completes unwritten, handed
+/// back in its turn by `VipSendDone`/`VipRecvDone`.
+#[inline]
+pub(crate) fn desc_registered(registry: &via_core::registry::Registry, mem: u32, epoch: u32) -> bool {
+    registry.deregistrations() == epoch || registry.is_live(mem)
+}
+
+impl SendItem {
+    /// Completes it with `status` and `length`, writing them into the
+    /// descriptor unless its region went ([`desc_registered`]).
+    pub(crate) fn finish(&mut self, registry: &via_core::registry::Registry, status: u32, length: u32) {
+        if desc_registered(registry, self.mem, self.epoch) {
+            self.desc.complete(status, length, None);
+        }
+        self.done = true;
+    }
+}
+
+impl RecvItem {
+    /// Completes it with `status`, `length` and `imm`, writing them into
+    /// the descriptor unless its region went ([`desc_registered`]).  The
+    /// caller moves the queue's completed prefix on.
+    pub(crate) fn finish(
+        &mut self,
+        registry: &via_core::registry::Registry,
+        status: u32,
+        length: u32,
+        imm: Option<u32>,
+    ) {
+        if desc_registered(registry, self.mem, self.epoch) {
+            self.desc.complete(status, length, imm);
+        }
+        self.done = true;
     }
 }
 
@@ -479,6 +525,7 @@ impl Vi {
         if let Some(conn) = s.conn.take() {
             conn.tell(crate::endpoint::PeerMessage::Disconnect);
             progress::unwatch(&conn);
+            close_fenced(&conn);
         }
         if let Some(link) = s.net.take() {
             link.disconnect();
@@ -528,6 +575,7 @@ impl Vi {
                 conn.tell(crate::endpoint::PeerMessage::Break(code));
             }
             progress::unwatch(&conn);
+            close_fenced(&conn);
         }
         if let Some(link) = s.net.take() {
             link.close(theirs);
@@ -551,9 +599,10 @@ impl Vi {
 
     /// Completes every pending send with DESC_FLUSHED_ERROR.
     fn flush_sends(&self, s: &mut SendQueue) {
+        // A descriptor whose region went is not written: see `SendItem::finish`.
         for item in s.items.iter_mut().filter(|i| !i.done) {
-            item.desc.complete(item.op | STATUS_DESC_FLUSHED_ERROR, 0, None);
-            item.done = true;
+            let status = item.op | STATUS_DESC_FLUSHED_ERROR;
+            item.finish(&self.nic.registry, status, 0);
         }
         for _ in 0..s.advance() {
             self.push_cq(false);
@@ -564,6 +613,21 @@ impl Vi {
     pub(crate) fn net_lost(&self, code: u32) {
         if self.enter_error(None, None) {
             self.report(code);
+        }
+    }
+
+    /// Waits until the peer of a shared-memory connection has no copy
+    /// into or out of this process's memory under way: after a region was
+    /// invalidated, nothing lands in it or is read from it once this
+    /// returns.  A peer that holds a copy past [`FENCE_LIMIT`] loses the
+    /// connection.
+    pub(crate) fn fence_peer_copies(&self) {
+        let conn = self.send.lock().conn.clone();
+        if let Some(conn) = conn {
+            if !conn.seg.wait_for_peer_copies(FENCE_LIMIT) {
+                tracing::warn!(vi = self.handle, "the peer held a copy past {FENCE_LIMIT:?}: connection broken");
+                self.break_connection(LOST);
+            }
         }
     }
 
@@ -646,8 +710,9 @@ impl Vi {
             if item.error == 0 {
                 break;
             }
-            item.desc.complete(STATUS_OP_RECEIVE | item.error, 0, None);
-            item.done = true;
+            // Its region may have gone since it was posted: see `RecvItem::finish`.
+            let status = STATUS_OP_RECEIVE | item.error;
+            item.finish(&self.nic.registry, status, 0, None);
             q.done += 1;
             self.push_cq(true);
         }
@@ -760,8 +825,8 @@ impl Vi {
         let mut n = 0;
         for item in q.items.iter_mut().skip(q.done) {
             let bits = if item.error != 0 { item.error } else { STATUS_DESC_FLUSHED_ERROR };
-            item.desc.complete(STATUS_OP_RECEIVE | bits, 0, None);
-            item.done = true;
+            // Its region may have gone since it was posted: see `RecvItem::finish`.
+            item.finish(&self.nic.registry, STATUS_OP_RECEIVE | bits, 0, None);
             n += 1;
         }
         q.done = q.items.len();
@@ -881,6 +946,22 @@ impl Vi {
     /// engine when a doorbell brought it there (`q.rung` counts those).
     pub(crate) fn carry_out(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
         let (rules, attrs) = self.rules();
+        // A send rung at the doorbell may come here after its descriptor's
+        // region was deregistered (and unmapped): it is not read, and
+        // completes unwritten in its turn.  (Posted directly, the region
+        // was checked just now: one load of a line in the cache.)
+        if !rules.registry.is_live(mem) {
+            let item =
+                SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
+            q.items.push_back(item);
+            let completed = q.advance();
+            drop(q);
+            for _ in 0..completed {
+                self.push_cq(false);
+            }
+            self.bump();
+            return;
+        }
         if let Some(link) = q.net.clone() {
             let events = self.post_net(&mut q, &link, desc, mem, &rules, &attrs);
             // The usual post completes nothing yet and hears of nothing:
@@ -914,7 +995,9 @@ impl Vi {
         };
         let timer = StageTimer::start();
         desc.complete(status, length, None);
-        q.items.push_back(SendItem { desc, done: true, token: 0, read: None, op: 0, length: 0, give_up: None });
+        // Complete already: `epoch` is never asked.
+        let item = SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
+        q.items.push_back(item);
         let completed = q.advance();
         drop(q);
         for _ in 0..completed {
@@ -1001,7 +1084,7 @@ fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
 }
 
 fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
-    let segs = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len });
+    let segs = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len, handle: s.handle });
     seg.my_recvs().publish(segs).map_err(|_| ViaError::Resource)
 }
 
@@ -1022,6 +1105,20 @@ fn local_slices_mut(segs: &[LocalSeg]) -> Vec<IoSliceMut<'static>> {
 const NO_RECV: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RECVQ_EMPTY };
 const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
 
+/// How long a fence waits for a peer's copy under way: an honest one takes
+/// a millisecond for the largest message.
+pub(crate) const FENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Closes this side of a shared-memory connection and waits for the
+/// peer's copies under way: once a disconnect or a break returns, none of
+/// them lands in this process's buffers (which the flush hands back).
+fn close_fenced(conn: &Conn) {
+    conn.seg.mark_closed();
+    if !conn.seg.wait_for_peer_copies(FENCE_LIMIT) {
+        tracing::warn!("the peer held a copy past {FENCE_LIMIT:?} while the connection closed");
+    }
+}
+
 /// Carries out one validated send-queue operation on a connection.
 /// Returns the status bits to add, the length, and whether the connection must break.
 fn execute(
@@ -1037,6 +1134,10 @@ fn execute(
         Op::RdmaWrite => {
             let Some((addr, handle)) = wr.remote else {
                 return (STATUS_FORMAT_ERROR, 0, None);
+            };
+            // Announced before the check: the peer's fences wait for it.
+            let Some(_copy) = conn.seg.begin_copy() else {
+                return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
             };
             if !remote_allows(conn, addr, handle, wr.total, true) {
                 conn.counters.add(Counter::RdmaRefused, 1);
@@ -1060,6 +1161,9 @@ fn execute(
         Op::RdmaRead => {
             let Some((addr, handle)) = wr.remote else {
                 return (STATUS_FORMAT_ERROR, 0, None);
+            };
+            let Some(_copy) = conn.seg.begin_copy() else {
+                return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
             };
             if !remote_allows(conn, addr, handle, wr.total, false) {
                 conn.counters.add(Counter::RdmaRefused, 1);
@@ -1130,22 +1234,31 @@ fn deliver(
         tally.add(Counter::InlineSends, 1);
         payload = &wr.segs;
     } else if let Some(entry) = entry.filter(|_| total > 0) {
+        // Announced before the check: the peer's fences wait for it.
+        let Some(_copy) = conn.seg.begin_copy() else {
+            return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+        };
         // Only as much of the receive buffers as the message fills: the kernel
         // pins every page of the remote ranges it is given.
         let mut left = total;
-        let remote: Vec<(u64, usize)> = entry
+        let used: smallvec::SmallVec<[RecvSeg; 4]> = entry
             .segs()
             .iter()
             .map_while(|s| {
                 let n = (s.len as u64).min(left);
                 left -= n;
-                (n > 0).then_some((s.addr, n as usize))
+                (n > 0).then_some(RecvSeg { len: n as u32, ..*s })
             })
             .collect();
-        tally.add(Counter::CmaCopies, 1);
-        match cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &remote) {
-            Ok(n) if n as u64 == total => {}
-            _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
+        // A buffer the receiver deregistered since it posted it gets
+        // nothing; the receiver finds its region gone and reports it.
+        if used.iter().all(|s| receiver_holds(conn, s)) {
+            let remote: smallvec::SmallVec<[(u64, usize); 4]> = used.iter().map(|s| (s.addr, s.len as usize)).collect();
+            tally.add(Counter::CmaCopies, 1);
+            match cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &remote) {
+                Ok(n) if n as u64 == total => {}
+                _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
+            }
         }
     }
     // SAFETY: validated against the registry when posted.
@@ -1165,6 +1278,13 @@ fn deliver(
 
 /// Checks an RDMA request against the target's registry, tag and enables:
 /// the registry's table as the target publishes it in its inbox segment.
+/// Whether the receiver still has the receive buffer `seg` registered.
+fn receiver_holds(conn: &Conn, seg: &RecvSeg) -> bool {
+    // SAFETY: as in `remote_allows`.
+    let table = unsafe { PublishedTable::new(conn.peer_table.as_ptr()) };
+    table.lookup(seg.handle).is_some_and(|r| r.contains(seg.addr, u64::from(seg.len)))
+}
+
 fn remote_allows(conn: &Conn, addr: u64, handle: u32, len: u64, write: bool) -> bool {
     let peer = &conn.peer;
     if (write && !peer.rdma_write) || (!write && !peer.rdma_read) {

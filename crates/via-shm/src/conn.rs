@@ -397,7 +397,7 @@ mod tests {
         for burst in (1..HOT as u64).chain(std::iter::repeat_n(1, 3 * RING_SLOTS)) {
             for i in 0..burst {
                 a.tx().push(&hdr(SLOT_SEND, i), &[&i.to_le_bytes()]).unwrap();
-                b.my_recvs().publish([RecvSeg { addr: i, len: 8 }]).unwrap();
+                b.my_recvs().publish([RecvSeg { addr: i, len: 8, handle: 0 }]).unwrap();
             }
             for i in 0..burst {
                 assert_eq!(recv(b.rx()).1, i.to_le_bytes());
@@ -424,7 +424,7 @@ mod tests {
     fn recv_cache_publishes_in_order_and_fills() {
         let (a, b) = pair();
         let segs: Vec<RecvSeg> =
-            (0..MAX_SEGS as u32).map(|i| RecvSeg { addr: 0x1000 * u64::from(i), len: i + 1 }).collect();
+            (0..MAX_SEGS as u32).map(|i| RecvSeg { addr: 0x1000 * u64::from(i), len: i + 1, handle: 0 }).collect();
         let too_many = a.my_recvs().publish([&segs[..], &segs[..1]].concat());
         assert!(matches!(too_many, Err(ShmError::TooManySegments)));
         for i in 0..RECV_ENTRIES {
@@ -448,7 +448,7 @@ mod tests {
     #[test]
     fn corrupt_recv_entries_are_errors() {
         let (a, b) = pair();
-        a.my_recvs().publish([RecvSeg { addr: 1, len: 2 }]).unwrap();
+        a.my_recvs().publish([RecvSeg { addr: 1, len: 2, handle: 0 }]).unwrap();
         // A's receives are the cache after the B->A ring; entry 0 follows
         // the 128-byte control block: seq u64, then nsegs u32.
         let cache = HEADER_BYTES + DIR_BYTES + RING_BYTES;
@@ -474,10 +474,10 @@ mod tests {
     fn take_seq_consumes_in_order_with_take() {
         let (a, b) = pair();
         for i in 0..5u32 {
-            a.my_recvs().publish([RecvSeg { addr: u64::from(i), len: i }]).unwrap();
+            a.my_recvs().publish([RecvSeg { addr: u64::from(i), len: i, handle: 0 }]).unwrap();
         }
         assert_eq!(b.peer_recvs().take_seq().unwrap(), Some(0));
-        assert_eq!(b.peer_recvs().take().unwrap().unwrap().segs(), &[RecvSeg { addr: 1, len: 1 }]);
+        assert_eq!(b.peer_recvs().take().unwrap().unwrap().segs(), &[RecvSeg { addr: 1, len: 1, handle: 0 }]);
         assert_eq!(b.peer_recvs().take_seq().unwrap(), Some(2));
         assert_eq!(b.peer_recvs().take().unwrap().unwrap().seq, 3);
         assert_eq!(b.peer_recvs().take_seq().unwrap(), Some(4));

@@ -32,6 +32,10 @@ pub struct RecvSeg {
     pub addr: u64,
     /// Length in bytes.
     pub len: u32,
+    /// The receiver's memory handle of the region it lies in: a sender
+    /// checks it against the receiver's published registry before it
+    /// copies, so that a region deregistered since the post gets nothing.
+    pub handle: u32,
 }
 
 /// A validated copy of a published receive.
@@ -64,7 +68,7 @@ struct CacheCtl {
 struct RawSeg {
     addr: u64,
     len: u32,
-    _pad: u32,
+    handle: u32,
 }
 
 #[repr(C)]
@@ -153,6 +157,7 @@ impl RecvCache {
                 let raw = addr_of_mut!((*e).segs[i]);
                 addr_of_mut!((*raw).addr).write_volatile(s.addr);
                 addr_of_mut!((*raw).len).write_volatile(s.len);
+                addr_of_mut!((*raw).handle).write_volatile(s.handle);
                 n = i + 1;
             }
             addr_of_mut!((*e).nsegs).write_volatile(n as u32);
@@ -224,7 +229,7 @@ impl RecvCache {
             }
             for i in 0..out.nsegs as usize {
                 let raw = ptr::read_volatile(addr_of!((*e).segs[i]));
-                out.segs[i] = RecvSeg { addr: raw.addr, len: raw.len };
+                out.segs[i] = RecvSeg { addr: raw.addr, len: raw.len, handle: raw.handle };
                 out.total =
                     out.total.checked_add(u64::from(raw.len)).ok_or(ShmError::Corrupt("receive entry length"))?;
             }

@@ -149,7 +149,7 @@ fn ring_carries_messages_between_processes_and_sleeps_when_idle() {
 }
 
 fn recv_segs(i: u64) -> Vec<RecvSeg> {
-    (0..i % (MAX_SEGS as u64 + 1)).map(|j| RecvSeg { addr: i << 20 | j, len: (i + j) as u32 }).collect()
+    (0..i % (MAX_SEGS as u64 + 1)).map(|j| RecvSeg { addr: i << 20 | j, len: (i + j) as u32, handle: 0 }).collect()
 }
 
 fn recv_taker() {

@@ -111,7 +111,7 @@ pub unsafe extern "C" fn VipRegisterMem(
 
 #[no_mangle]
 pub unsafe extern "C" fn VipDeregisterMem(nic: VIP_PVOID, addr: VIP_PVOID, mem: VIP_MEM_HANDLE) -> VIP_RETURN {
-    call(|| Nic::get(h(nic))?.registry.deregister(mem, addr as u64))
+    call(|| Nic::get(h(nic))?.deregister(mem, addr as u64))
 }
 
 #[no_mangle]

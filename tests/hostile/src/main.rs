@@ -16,6 +16,7 @@
 //! via-hostile break-code DISC                breaks the connection with a code not in the specification
 //! via-hostile silent DISC SECONDS            connects and never says Ready
 //! via-hostile big-segment DISC               asks for a 256 MiB connection segment
+//! via-hostile impostor NAME DIR SECONDS       poses as the agent on @NAME; writes what it got to DIR
 //! ```
 
 use std::io;
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
         ["break-code", disc] => break_code(disc),
         ["silent", disc, secs] => silent(disc, parse(secs)),
         ["big-segment", disc] => big_segment(disc),
+        ["impostor", name, dir, secs] => impostor(name, Path::new(dir), parse(secs)),
         _ => {
             eprintln!("usage: see the module documentation of tests/hostile/src/main.rs");
             return ExitCode::from(2);
@@ -209,7 +211,12 @@ fn forge_pid(disc: &str, dir: &Path, addr: u64, len: u64) -> Outcome {
     let fds = attacker.connect(disc, CONN_SEGMENT_BYTES as u64).map_err(|e| format!("connect: {e}"))?;
     let region = SharedRegion::map(fds.segment).map_err(|e| e.to_string())?;
     let seg = ConnSegment::new(region, Side::A).map_err(|e| e.to_string())?;
-    seg.my_recvs().publish([RecvSeg { addr, len: len as u32 }]).map_err(|e| e.to_string())?;
+    // Registered in this process's own table, as an honest receiver's is.
+    // SAFETY: the table is zeroed, writable here, and outlives `registry`
+    // (both live until this function returns; `registry` is dropped first).
+    let registry = unsafe { via_core::registry::Registry::in_table(attacker.table.as_ptr()) };
+    let handle = registry.register(addr, len as u64, 1, 0, false).map_err(|e| format!("register: {e:?}"))?;
+    seg.my_recvs().publish([RecvSeg { addr, len: len as u32, handle }]).map_err(|e| e.to_string())?;
     // The lie: Ready in the bystander's name.
     let ready = PeerMessage::Ready(endpoint());
     match send_claiming(fds.socket.as_fd(), &ready.encode(), bystander, attacker.table.fd()) {
@@ -373,5 +380,41 @@ fn big_segment(disc: &str) -> Outcome {
                 Ok(m) => Err(format!("a 256 MiB segment was accepted by the agent and the listener answered {m:?}")),
             }
         }
+    }
+}
+
+/// Poses as the host agent on the abstract socket `@name` for `secs`:
+/// accepts every connection and reads whatever comes.  A VIA process must
+/// refuse an agent of another user before it sends anything, so the
+/// impostor must get no byte and no descriptor.  Writes DIR/impostor.ready
+/// once bound, and the count of bytes and fds received to
+/// DIR/impostor.got at the end.
+fn impostor(name: &str, dir: &Path, secs: u64) -> Outcome {
+    let listener = viad::sock::listen(name).map_err(|e| format!("bind @{name}: {e}"))?;
+    std::fs::write(dir.join("impostor.ready"), "").map_err(|e| e.to_string())?;
+    let until = Instant::now() + Duration::from_secs(secs);
+    let mut clients = Vec::new();
+    let (mut bytes, mut fds, mut connections) = (0usize, 0usize, 0usize);
+    while Instant::now() < until {
+        while let Ok(c) = viad::sock::accept(listener.as_fd()) {
+            connections += 1;
+            clients.push(c);
+        }
+        for c in &clients {
+            while let Ok(Some(m)) = viad::sock::recv(c.as_fd()) {
+                bytes += m.data.len();
+                fds += m.fds.len();
+                if m.data.is_empty() {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let got = format!("{connections} connections, {bytes} bytes, {fds} descriptors");
+    std::fs::write(dir.join("impostor.got"), &got).map_err(|e| e.to_string())?;
+    match bytes + fds {
+        0 => Ok(()),
+        _ => Err(format!("a VIA process talked to the impostor: {got}")),
     }
 }
