@@ -45,6 +45,10 @@ pub struct Conn {
     /// The peer process as the kernel names it: the only process that
     /// cross-memory copies of this connection target.
     pub peer_pid: i32,
+    /// Whether the kernel lets this process cross-memory attach to the
+    /// peer (probed when the connection is made): where not, large sends
+    /// go through the ring in pieces (`vi::deliver`).
+    pub attach: bool,
     /// The peer's endpoint.
     pub peer: Endpoint,
     /// The helper thread's token for this connection (0: not watched).
@@ -106,12 +110,21 @@ pub const HANDSHAKE: Duration = Duration::from_secs(2);
 
 impl Parts {
     fn into_conn(self, intro: Introduction, peer: Endpoint, vi: &Vi) -> Conn {
+        // The peer's copies into us need our leave where Yama restricts
+        // ptrace; given before we say Accept, so a client that probes on
+        // our Accept has it.
+        via_shm::cma::allow_peer(intro.sender.pid);
+        let attach = via_shm::cma::may_attach(intro.sender.pid);
+        if !attach {
+            vi.nic.counters.add(crate::counters::Counter::RingConnections, 1);
+        }
         Conn {
             seg: self.seg,
             socket: self.socket,
             peer_inbox: self.peer_inbox,
             peer_table: intro.table,
             peer_pid: intro.sender.pid,
+            attach,
             peer,
             token: Default::default(),
             counters: vi.nic.counters.clone(),

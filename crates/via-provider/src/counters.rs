@@ -58,6 +58,13 @@ pub enum Counter {
     /// Packets whose payload the kernel wrote straight into the posted
     /// receive buffer where it belongs (`NetPort::land`).
     PacketsInPlace,
+    /// Shared-memory connections whose peer this process may not
+    /// cross-memory attach to (another user, Yama): their large sends go
+    /// through the connection's ring.
+    RingConnections,
+    /// Ring slots carrying pieces of messages too large for one slot, on
+    /// such connections.
+    RingPieces,
     // Stage timings of the data path, kept only with `VIA_PROFILE`.
     /// Nanoseconds inside `VipPostSend`.
     PostSendNs,
@@ -88,7 +95,7 @@ pub enum Counter {
 }
 
 /// Names, in the order of [`Counter`].
-pub const NAMES: [&str; 35] = [
+pub const NAMES: [&str; 37] = [
     "msgs_sent",
     "msgs_received",
     "bytes_sent",
@@ -111,6 +118,8 @@ pub const NAMES: [&str; 35] = [
     "frames_sent",
     "frames_received",
     "packets_in_place",
+    "ring_connections",
+    "ring_pieces",
     "post_send_ns",
     "post_send_calls",
     "validate_ns",

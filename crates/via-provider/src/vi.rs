@@ -33,13 +33,19 @@ use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{PublishedTable, REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
-use via_shm::ring::{SlotHeader, SLOT_RDMA_WRITE_IMM, SLOT_SEND};
+use via_shm::ring::{SlotHeader, INLINE_MAX, SLOT_RDMA_WRITE_IMM, SLOT_SEND, SLOT_SEND_PIECE};
 use via_shm::{cma, futex};
 
 /// Slot flag: `imm` is valid.
 const FLAG_IMMEDIATE: u32 = 1;
 /// Slot flag: the payload is inline in the slot.
 const FLAG_INLINE: u32 = 2;
+/// Slot flag (with `FLAG_INLINE`): the slot holds the first piece of a
+/// message; `SLOT_SEND_PIECE` slots carry the rest.
+const FLAG_PIECES: u32 = 4;
+/// How long a send through the ring in pieces waits for the receiver to
+/// make room before the connection is given up.
+const RING_ROOM_LIMIT: Duration = Duration::from_secs(10);
 
 /// `VIP_VI_STATE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,8 +90,25 @@ pub(crate) struct RecvQueue {
     pub inbound: Option<Inbound>,
     /// Network: a message being dropped (no receive, or an error).
     pub dropping: Option<u32>,
+    /// Shared memory: the message arriving in ring pieces into the first
+    /// pending item.
+    pub pieces: Option<Pieces>,
     /// Messages and bytes received.
     pub tally: CounterRow,
+}
+
+/// A message arriving through the ring in pieces (`FLAG_PIECES`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pieces {
+    /// The receive entry it consumed.
+    pub seq: u64,
+    /// The message's length.
+    pub total: u32,
+    /// Bytes arrived so far, in order.
+    pub got: u32,
+    /// Error bits of the descriptor (its buffers went since the post):
+    /// the pieces are consumed and not copied.
+    pub error: u32,
 }
 
 /// A message being placed into a receive descriptor over the network.
@@ -751,13 +774,19 @@ impl Vi {
             };
             let timer = StageTimer::start();
             let index = q.done;
+            let pieces = q.pieces;
             let Some(item) = q.items.get_mut(index) else {
                 return impossible();
             };
-            if item.seq != Some(hdr.recv_seq) || !(hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM) {
+            let kind_ok = match pieces {
+                Some(_) => hdr.kind == SLOT_SEND_PIECE,
+                None => hdr.kind == SLOT_SEND || hdr.kind == SLOT_RDMA_WRITE_IMM,
+            };
+            if item.seq != Some(hdr.recv_seq) || !kind_ok {
                 return impossible();
             }
-            let mut status = if hdr.kind == SLOT_SEND { STATUS_OP_RECEIVE } else { STATUS_OP_REMOTE_RDMA_WRITE };
+            let mut status =
+                if hdr.kind == SLOT_RDMA_WRITE_IMM { STATUS_OP_REMOTE_RDMA_WRITE } else { STATUS_OP_RECEIVE };
             let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
             if imm.is_some() {
                 status |= STATUS_IMMEDIATE;
@@ -773,7 +802,48 @@ impl Vi {
                 let live = registry.is_live(item.mem);
                 (live, live && via_core::descriptor::buffers_registered(item.desc, &item.segs, &self.rules().0))
             };
-            if hdr.status & STATUS_ERROR_MASK != 0 {
+            if pieces.is_some() || (hdr.kind == SLOT_SEND && hdr.flags & FLAG_PIECES != 0) {
+                // A message through the ring in pieces, in order, each
+                // checked against the message and the message against
+                // this descriptor before a byte is copied.
+                let mut p = match pieces {
+                    Some(p) => p,
+                    None if hdr.status != 0 || hdr.flags & FLAG_INLINE == 0 || hdr.length as u64 > item.total => {
+                        return impossible();
+                    }
+                    None => Pieces { seq: hdr.recv_seq, total: hdr.length, got: 0, error: 0 },
+                };
+                if hdr.recv_seq != p.seq
+                    || hdr.length != p.total
+                    || hdr.aux != p.got as u64
+                    || hdr.inline_len == 0
+                    || hdr.inline_len > p.total - p.got
+                {
+                    return impossible();
+                }
+                if p.error == 0 && !buffers_live {
+                    p.error = STATUS_PROTECTION_ERROR;
+                }
+                if p.error == 0 {
+                    rx.read_payload_into(scattered(&item.segs, p.got as u64));
+                }
+                p.got += hdr.inline_len;
+                rx.pop();
+                if p.got < p.total {
+                    q.pieces = Some(p);
+                    continue;
+                }
+                q.pieces = None;
+                if p.error != 0 {
+                    status |= p.error;
+                    length = 0;
+                    if desc_live && reliable(self.attrs().reliability) {
+                        broken = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+                    }
+                } else {
+                    length = p.total;
+                }
+            } else if hdr.status & STATUS_ERROR_MASK != 0 {
                 status |= hdr.status & STATUS_ERROR_MASK;
                 length = 0;
             } else if hdr.kind == SLOT_SEND && (hdr.length as u64) > item.total {
@@ -822,6 +892,7 @@ impl Vi {
 
     /// Completes every pending receive with DESC_FLUSHED_ERROR.
     fn flush(&self, q: &mut RecvQueue) {
+        q.pieces = None;
         let mut n = 0;
         for item in q.items.iter_mut().skip(q.done) {
             let bits = if item.error != 0 { item.error } else { STATUS_DESC_FLUSHED_ERROR };
@@ -1222,6 +1293,7 @@ fn deliver(
     };
     let mut result = (0, total as u32, None);
     let mut payload: &[LocalSeg] = &[];
+    let mut pushed = false;
     if entry.as_ref().is_some_and(|e| total > e.total) {
         hdr.status = STATUS_LENGTH_ERROR;
         hdr.length = 0;
@@ -1233,6 +1305,20 @@ fn deliver(
         hdr.flags |= FLAG_INLINE;
         tally.add(Counter::InlineSends, 1);
         payload = &wr.segs;
+    } else if !conn.attach && kind == SLOT_SEND {
+        // The kernel does not let us into the receiver: through the ring,
+        // in one slot or in pieces.  The receiver copies them into its
+        // descriptor and checks them against it.
+        hdr.flags |= FLAG_INLINE;
+        if total as usize <= INLINE_MAX {
+            payload = &wr.segs;
+        } else {
+            hdr.flags |= FLAG_PIECES;
+            if send_pieces(conn, &hdr, &wr.segs, tally).is_err() {
+                return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+            }
+            pushed = true;
+        }
     } else if let Some(entry) = entry.filter(|_| total > 0) {
         // Announced before the check: the peer's fences wait for it.
         let Some(_copy) = conn.seg.begin_copy() else {
@@ -1263,7 +1349,7 @@ fn deliver(
     }
     // SAFETY: validated against the registry when posted.
     let pieces = payload.iter().map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) });
-    if conn.seg.tx().push_gather(&hdr, pieces).is_err() {
+    if !pushed && conn.seg.tx().push_gather(&hdr, pieces).is_err() {
         return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
     }
     if conn.peer.recv_cq != NO_CQ {
@@ -1274,6 +1360,86 @@ fn deliver(
         tally.add(Counter::BytesSent, total);
     }
     result
+}
+
+/// The bytes `offset..offset + len` of the gathered buffers `segs`.
+fn gathered(segs: &[LocalSeg], offset: u64, len: u64) -> impl Iterator<Item = &'static [u8]> + Clone + '_ {
+    let mut start = 0u64;
+    segs.iter().filter_map(move |s| {
+        let (from, to) = (start, start + s.len as u64);
+        start = to;
+        let (a, b) = (from.max(offset), to.min(offset + len));
+        // SAFETY: validated against the registry when posted; a..b lies in the segment.
+        (a < b).then(|| unsafe { std::slice::from_raw_parts((s.addr + (a - from)) as *const u8, (b - a) as usize) })
+    })
+}
+
+/// The writable bytes of the gathered buffers `segs` from `offset` on.
+fn scattered(segs: &[LocalSeg], offset: u64) -> impl Iterator<Item = &'static mut [u8]> + '_ {
+    let mut start = 0u64;
+    segs.iter().filter_map(move |s| {
+        let (from, to) = (start, start + s.len as u64);
+        start = to;
+        let a = from.max(offset);
+        // SAFETY: validated against the registry when posted; a..to lies in the segment.
+        (a < to).then(|| unsafe { std::slice::from_raw_parts_mut((s.addr + (a - from)) as *mut u8, (to - a) as usize) })
+    })
+}
+
+/// Pushes a message larger than a slot through the ring: `first` (with
+/// `FLAG_PIECES`) carries its first `INLINE_MAX` bytes, `SLOT_SEND_PIECE`
+/// slots the rest.  Where the ring is full, waits for the receiver to make
+/// room, for at most [`RING_ROOM_LIMIT`] and while the peer is there.
+fn send_pieces(conn: &Conn, first: &SlotHeader, segs: &[LocalSeg], tally: &mut CounterRow) -> Result<(), ()> {
+    let total = first.length as u64;
+    let mut offset = 0u64;
+    let mut waited: Option<std::time::Instant> = None;
+    let mut spins = 0u32;
+    while offset < total {
+        let n = (total - offset).min(INLINE_MAX as u64);
+        let hdr = if offset == 0 {
+            *first
+        } else {
+            SlotHeader {
+                kind: SLOT_SEND_PIECE,
+                length: first.length,
+                recv_seq: first.recv_seq,
+                aux: offset,
+                ..Default::default()
+            }
+        };
+        match conn.seg.tx().push_gather(&hdr, gathered(segs, offset, n)) {
+            Ok(()) => {
+                offset += n;
+                spins = 0;
+                tally.add(Counter::RingPieces, 1);
+            }
+            Err(via_shm::ShmError::Full) => {
+                spins += 1;
+                if spins < 64 {
+                    std::thread::yield_now();
+                    continue;
+                }
+                let since = *waited.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > RING_ROOM_LIMIT || conn.seg.peer_closed() || peer_hung_up(conn) {
+                    return Err(());
+                }
+            }
+            Err(_) => return Err(()),
+        }
+    }
+    Ok(())
+}
+
+/// Waits up to a millisecond on the connection's socket: true when the
+/// peer has hung up (or said something, which mid-message can only be a
+/// disconnect or a break).
+fn peer_hung_up(conn: &Conn) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd { fd: conn.socket.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one pollfd, valid for the call.
+    let n = unsafe { libc::poll(&mut pfd, 1, 1) };
+    n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Checks an RDMA request against the target's registry, tag and enables:

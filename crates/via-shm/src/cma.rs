@@ -45,6 +45,18 @@ pub fn probe(pid: i32, remote_addr: u64) -> bool {
     matches!(read_remote(pid, &mut [IoSliceMut::new(&mut b)], &[(remote_addr, 1)]), Ok(1))
 }
 
+/// Whether the kernel lets this process cross-memory attach to `pid`:
+/// a one-byte read at address 0, which faults (`EFAULT`) where attaching
+/// is permitted and is refused (`EPERM`, or `ESRCH` for a process gone)
+/// where it is not.
+pub fn may_attach(pid: i32) -> bool {
+    let mut b = [0u8; 1];
+    match read_remote(pid, &mut [IoSliceMut::new(&mut b)], &[(0, 1)]) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() == Some(libc::EFAULT),
+    }
+}
+
 /// A position inside a list of `(address, length)` ranges.
 struct Cursor<'a> {
     ranges: &'a [(usize, usize)],
@@ -119,4 +131,16 @@ fn transfer(pid: i32, local: &[(usize, usize)], remote: &[(u64, usize)], write: 
         done += n;
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_may_attach_to_itself_and_not_to_one_that_is_gone() {
+        assert!(may_attach(std::process::id() as i32));
+        // Above the kernel's pid limit (4194304): no such process.
+        assert!(!may_attach(i32::MAX));
+    }
 }

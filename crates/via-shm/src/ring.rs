@@ -40,6 +40,10 @@ pub const SLOT_SEND: u32 = 1;
 pub const SLOT_RDMA_WRITE_IMM: u32 = 2;
 /// Slot kind: an error report to the peer.
 pub const SLOT_ERROR: u32 = 3;
+/// Slot kind: a later piece of a send carried through the ring, `aux`
+/// bytes into the message (its first piece is a `SLOT_SEND`).  Used where
+/// the sender may not cross-memory attach to the receiver.
+pub const SLOT_SEND_PIECE: u32 = 4;
 
 /// The header, then the stamp (`u64`), then the payload.
 const STAMP_OFFSET: usize = 40;

@@ -1,0 +1,139 @@
+/*
+ * crossuser.c - sends between processes of two users, one of which may not
+ * cross-memory attach to the other.
+ *
+ * As root, the program forks a child that drops to uid/gid 65534 before it
+ * opens its NIC; the root parent opens its NIC first, so the host agent of
+ * the run is root's, which both trust.  The child cannot attach to root's
+ * process: its sends of more than a ring slot go through the connection's
+ * ring in pieces; the parent (root) still copies into the child directly.
+ * For each reliability level, messages of every size class up to 1 MiB go
+ * from the child to the parent and are echoed back, scattered over a
+ * varying number of segments, with every byte checked on both sides.
+ *
+ * Not root: prints a skip line and exits 0.
+ */
+#include "vt.h"
+
+#include <grp.h>
+
+#define AREA ((size_t)1 << 20)
+#define NOBODY 65534
+
+static const size_t sizes[] = {0,    1,    4,     63,    1023,   1024,   1025,   2047,    2048,
+                               2049, 4096, 12345, 65536, 100003, 262144, 524289, 1048575, 1048576};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+static const VIP_RELIABILITY_LEVEL levels[] = {VIP_SERVICE_UNRELIABLE, VIP_SERVICE_RELIABLE_DELIVERY,
+                                               VIP_SERVICE_RELIABLE_RECEPTION};
+#define NLEVELS (sizeof levels / sizeof levels[0])
+
+static unsigned segs_for(size_t m) { return 1 + (unsigned)(m % 4); }
+static uint32_t seed_for(size_t level, size_t m) { return (uint32_t)(level * 1000003u + m * 2654435761u + 7); }
+
+static vt_conf conf_for(VIP_RELIABILITY_LEVEL level)
+{
+    vt_conf c = {.level = level, .buf_size = 2 * AREA, .ndesc = 4, .maxseg = 4};
+    return c;
+}
+
+static void post_recv(vt_end *e, size_t len, unsigned segs)
+{
+    VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 1);
+    vt_desc_recv(d, e->buf.base + AREA, e->buf.mh, len, segs);
+    CHECK_OK(VipPostRecv(e->vi, d, e->descs.mem.mh));
+}
+
+static void send_wait(vt_end *e, void *data, size_t len, unsigned segs)
+{
+    VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
+    vt_desc_send(d, VIP_CONTROL_OP_SENDRECV, 0, data, e->buf.mh, len, segs);
+    CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+    CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
+    CHECK_PTR(d, got);
+    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, got);
+    CHECK_EQ(len, got->CS.Length);
+}
+
+static void recv_check(vt_end *e, size_t len, uint32_t seed)
+{
+    VIP_DESCRIPTOR *got = NULL;
+    CHECK_OK(VipRecvWait(e->vi, VIP_INFINITE, &got));
+    CHECK_PTR(vt_dpool_get(&e->descs, 1), got);
+    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, got);
+    CHECK_EQ(len, got->CS.Length);
+    CHECK_PATTERN(e->buf.base + AREA, len, seed);
+}
+
+/* The child (uid 65534): sends each message through the ring, checks the echo. */
+static void child_level(vt_end *e, size_t l)
+{
+    for (size_t m = 0; m < NSIZES; m++) {
+        post_recv(e, sizes[m], segs_for(m + 1));
+        vt_fill(e->buf.base, sizes[m], seed_for(l, m));
+        vt_sync(e->fd, 0x100 + m);
+        send_wait(e, e->buf.base, sizes[m], segs_for(m));
+        recv_check(e, sizes[m], seed_for(l, m));
+    }
+}
+
+/* The parent (root): receives each message, checks it, echoes it. */
+static void parent_level(vt_end *e, size_t l)
+{
+    for (size_t m = 0; m < NSIZES; m++) {
+        post_recv(e, sizes[m], segs_for(m + 2));
+        vt_sync(e->fd, 0x100 + m);
+        recv_check(e, sizes[m], seed_for(l, m));
+        send_wait(e, e->buf.base + AREA, sizes[m], segs_for(m + 3));
+    }
+}
+
+static void run(int fd, int parent)
+{
+    for (size_t l = 0; l < NLEVELS; l++) {
+        vt_conf c = conf_for(levels[l]);
+        char disc[VT_MAX_DISC];
+        vt_end e;
+        vt_disc(disc, sizeof disc, "crossuser.%zu", l);
+        vt_sync(fd, 0x5C00 + l);
+        vt_end_open(&e, &c, fd, parent);
+        vt_end_link(&e, disc);
+        if (parent) {
+            printf("  %-40s %s\n", "crossuser", vt_level_name(levels[l]));
+            parent_level(&e, l);
+        } else {
+            child_level(&e, l);
+        }
+        vt_sync(fd, 0xE0D00 + l);
+        vt_end_close(&e);
+    }
+}
+
+static void child(int fd, void *arg)
+{
+    (void)arg;
+    /* Wait until the parent has opened its NIC: the agent is root's. */
+    CHECK_EQ(1, vt_get_u64(fd));
+    if (setgroups(0, NULL) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+        VT_FAIL("dropping to uid %d: %s", NOBODY, strerror(errno));
+    CHECK_EQ(NOBODY, getuid());
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    run(fd, 0);
+}
+
+int main(void)
+{
+    vt_init();
+    if (geteuid() != 0) {
+        printf("  crossuser: skipped (needs root to run the two ends as different users)\n");
+        return 0;
+    }
+    vt_child c = vt_spawn("nobody", child, NULL);
+    /* The first VipOpenNic starts the agent: as root, before the child opens. */
+    VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
+    vt_put_u64(c.fd, 1);
+    run(c.fd, 1);
+    CHECK_OK(VipCloseNic(nic));
+    vt_join(&c);
+    return 0;
+}
