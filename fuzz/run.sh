@@ -4,7 +4,7 @@
 set -eu
 secs=${1:-60}
 cd "$(dirname "$0")"
-for target in packet cm session frame; do
+for target in packet cm session frame control; do
     echo "== fuzz $target for ${secs}s"
     mkdir -p "corpus/$target"
     cargo +nightly fuzz run "$target" "corpus/$target" -- \
