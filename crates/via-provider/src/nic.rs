@@ -92,6 +92,10 @@ pub struct Nic {
     /// Readable once the NIC is closing: ends the waits of other threads
     /// for the host agent or a peer (`VipConnectWait`, `VipConnectRequest`).
     pub closing: Arc<OwnedFd>,
+    /// The shared-memory connections of this NIC's VIs, for the fence of
+    /// `VipDeregisterMem`: found without any work queue's lock, which a
+    /// thread other than the one that posts would otherwise take from it.
+    pub(crate) shm_conns: Mutex<Vec<(Handle, std::sync::Weak<crate::connect::Conn>)>>,
     /// The send engine that doorbells wake (`VIA_DOORBELL=d1|d2`).
     pub(crate) send_engine: Option<Arc<crate::doorbell::SendEngine>>,
 }
@@ -151,6 +155,7 @@ impl Nic {
                     closed: AtomicBool::new(false),
                     closing: closing.clone(),
                     send_engine: send_engine.clone(),
+                    shm_conns: Mutex::new(Vec::new()),
                 })
             })
             .ok_or_else(|| {
@@ -166,9 +171,17 @@ impl Nic {
     /// under way have finished, and later ones find the region gone).
     pub fn deregister(&self, mem: u32, addr: u64) -> ViaResult<()> {
         self.registry.deregister(mem, addr)?;
-        for (_, vi) in provider().vis.all() {
-            if vi.nic.handle == self.handle {
-                vi.fence_peer_copies();
+        let conns: Vec<_> = {
+            let mut list = self.shm_conns.lock();
+            list.retain(|(_, c)| c.strong_count() > 0);
+            list.iter().filter_map(|(vi, c)| Some((*vi, c.upgrade()?))).collect()
+        };
+        for (vi, conn) in conns {
+            if !conn.seg.wait_for_peer_copies(crate::vi::FENCE_LIMIT) {
+                tracing::warn!(vi, "the peer held a copy past {:?}: connection broken", crate::vi::FENCE_LIMIT);
+                if let Ok(vi) = crate::vi::Vi::get(vi) {
+                    vi.peer_lost(&conn, error_code::CONN_LOST);
+                }
             }
         }
         Ok(())

@@ -529,6 +529,7 @@ impl Vi {
         let _r = self.recv.lock();
         let mut s = self.send.lock();
         cma::allow_peer(conn.peer_pid);
+        self.nic.shm_conns.lock().push((self.handle, Arc::downgrade(&conn)));
         s.conn = Some(conn.clone());
         self.set_state(ViState::Connected);
         self.nic.counters.add(Counter::Connects, 1);
@@ -636,21 +637,6 @@ impl Vi {
     pub(crate) fn net_lost(&self, code: u32) {
         if self.enter_error(None, None) {
             self.report(code);
-        }
-    }
-
-    /// Waits until the peer of a shared-memory connection has no copy
-    /// into or out of this process's memory under way: after a region was
-    /// invalidated, nothing lands in it or is read from it once this
-    /// returns.  A peer that holds a copy past [`FENCE_LIMIT`] loses the
-    /// connection.
-    pub(crate) fn fence_peer_copies(&self) {
-        let conn = self.send.lock().conn.clone();
-        if let Some(conn) = conn {
-            if !conn.seg.wait_for_peer_copies(FENCE_LIMIT) {
-                tracing::warn!(vi = self.handle, "the peer held a copy past {FENCE_LIMIT:?}: connection broken");
-                self.break_connection(LOST);
-            }
         }
     }
 
