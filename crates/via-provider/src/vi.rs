@@ -663,12 +663,17 @@ impl Vi {
         }
     }
 
-    /// Waits until the peer of a shared-memory connection has no copy
-    /// into or out of this process's memory under way: after a region was
-    /// invalidated, nothing lands in it or is read from it once this
-    /// returns.  A peer that holds a copy past [`FENCE_LIMIT`] loses the
-    /// connection.
+    /// Waits until no drain of this VI is under way in another thread and
+    /// the peer of a shared-memory connection has no copy into or out of
+    /// this process's memory under way: after a region was invalidated,
+    /// nothing lands in it or is read from it once this returns.  A peer
+    /// that holds a copy past [`FENCE_LIMIT`] loses the connection.
     pub(crate) fn fence_peer_copies(&self) {
+        // A drain under way in another thread of this process (an RDMA
+        // write through the ring, a message into a receive buffer) checked
+        // the region before it was invalidated: it ends with the lock, and
+        // every later one finds the region gone.
+        drop(self.recv.lock());
         let conn = self.send.lock().conn.clone();
         if let Some(conn) = conn {
             if !conn.seg.wait_for_peer_copies(FENCE_LIMIT) {
