@@ -11,6 +11,14 @@
  * from the child to the parent and are echoed back, scattered over a
  * varying number of segments, with every byte checked on both sides.
  *
+ * Then RDMA writes, from the child into the parent's registered memory:
+ * they go through the ring too, and the parent checks each against its own
+ * registry before a byte lands.  Writes of several sizes with and without
+ * immediate data, on an unreliable and a reliable VI, every byte checked
+ * along with the bytes around it; then a write into a region registered
+ * without RDMA write enable, on a reliable VI: nothing lands, and the
+ * connection breaks with VIP_ERROR_RDMAW_PROT reported at both ends.
+ *
  * Not root: prints a skip line and exits 0.
  */
 #include "vt.h"
@@ -109,6 +117,138 @@ static void run(int fd, int parent)
     }
 }
 
+static const size_t rdma_sizes[] = {0, 1, 63, 1024, 1025, 4096, 65536, 100003, 1048576};
+#define NRDMA (sizeof rdma_sizes / sizeof rdma_sizes[0])
+
+static size_t rdma_offset(size_t m) { return 8 + (m * 13) % 512; }
+
+/* The child: writes each size into the parent's buffer, with immediate
+ * data every other time, else followed by an empty send that says so. */
+static void child_rdma(vt_end *e, size_t l, uint64_t raddr, VIP_MEM_HANDLE rmh)
+{
+    for (size_t m = 0; m < NRDMA; m++) {
+        size_t len = rdma_sizes[m];
+        int imm = m % 2;
+        VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
+        vt_fill(e->buf.base, len, seed_for(l + 7, m));
+        vt_sync(e->fd, 0x200 + m);
+        vt_desc_rdma(d, VIP_CONTROL_OP_RDMAWRITE | (imm ? VIP_CONTROL_IMMEDIATE : 0), (VIP_UINT32)(0xC0DE0000u + m),
+                     raddr + rdma_offset(m), rmh, e->buf.base, e->buf.mh, len, 1 + (unsigned)(m % 3));
+        CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+        CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
+        CHECK_PTR(d, got);
+        CHECK_ERRBITS(VIP_STATUS_DONE, got);
+        CHECK_EQ(len, got->CS.Length);
+        if (!imm)
+            send_wait(e, e->buf.base, 0, 1);
+        vt_sync(e->fd, 0x300 + m);
+    }
+}
+
+/* The parent: receives the immediate data or the send that follows each
+ * write, then checks the bytes written and the bytes around them. */
+static void parent_rdma(vt_end *e, size_t l)
+{
+    for (size_t m = 0; m < NRDMA; m++) {
+        size_t len = rdma_sizes[m], off = rdma_offset(m);
+        VIP_DESCRIPTOR *got = NULL;
+        memset(e->buf.base, 0, off + len + 64);
+        post_recv(e, 0, 1);
+        vt_sync(e->fd, 0x200 + m);
+        CHECK_OK(VipRecvWait(e->vi, VIP_INFINITE, &got));
+        CHECK_PTR(vt_dpool_get(&e->descs, 1), got);
+        if (m % 2) {
+            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_REMOTE_RDMA_WRITE | VIP_STATUS_IMMEDIATE, got);
+            CHECK_EQ(len, got->CS.Length);
+            CHECK_EQ(0xC0DE0000u + m, got->CS.ImmediateData);
+        } else {
+            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, got);
+            CHECK_EQ(0, got->CS.Length);
+        }
+        CHECK_PATTERN(e->buf.base + off, len, seed_for(l + 7, m));
+        for (size_t i = 0; i < off; i++)
+            CHECK_EQ(0, e->buf.base[i]);
+        for (size_t i = off + len; i < off + len + 64; i++)
+            CHECK_EQ(0, e->buf.base[i]);
+        vt_sync(e->fd, 0x300 + m);
+    }
+}
+
+/* A write into memory registered without RDMA write enable, on a reliable
+ * VI: the parent refuses it, nothing lands, both ends see RDMAW_PROT. */
+static void child_refused(vt_end *e, uint64_t raddr, VIP_MEM_HANDLE rmh)
+{
+    VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
+    vt_fill(e->buf.base, 3000, 99);
+    vt_sync(e->fd, 0x400);
+    vt_desc_rdma(d, VIP_CONTROL_OP_RDMAWRITE, 0, raddr, rmh, e->buf.base, e->buf.mh, 3000, 2);
+    CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+    CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
+    CHECK_PTR(d, got);
+    /* In the ring: complete here; the refusal comes as the break. */
+    CHECK_ERRBITS(VIP_STATUS_DONE, got);
+    CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_RDMAW_PROT, e->vi);
+    CHECK_STATE_SOON(VIP_STATE_ERROR, e->vi);
+}
+
+static void parent_refused(vt_end *e, vt_mem *closed)
+{
+    VIP_DESCRIPTOR *got = NULL;
+    post_recv(e, 16, 1);
+    vt_sync(e->fd, 0x400);
+    CHECK_OK(VipRecvWait(e->vi, VIP_INFINITE, &got));
+    CHECK_PTR(vt_dpool_get(&e->descs, 1), got);
+    CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_DESC_FLUSHED_ERROR, got);
+    CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_RDMAW_PROT, e->vi);
+    CHECK_STATE(VIP_STATE_ERROR, e->vi);
+    for (size_t i = 0; i < closed->size; i++)
+        CHECK_EQ(0, closed->base[i]);
+}
+
+static const VIP_RELIABILITY_LEVEL rdma_levels[] = {VIP_SERVICE_UNRELIABLE, VIP_SERVICE_RELIABLE_DELIVERY};
+#define NRDMA_LEVELS (sizeof rdma_levels / sizeof rdma_levels[0])
+
+static void run_rdma(int fd, int parent)
+{
+    for (size_t l = 0; l <= NRDMA_LEVELS; l++) {
+        /* The last round: the refused write, on a reliable VI. */
+        int refuse = l == NRDMA_LEVELS;
+        vt_conf c = conf_for(refuse ? VIP_SERVICE_RELIABLE_DELIVERY : rdma_levels[l]);
+        char disc[VT_MAX_DISC];
+        vt_end e;
+        vt_mem closed;
+        c.rdma_write = VIP_TRUE;
+        vt_disc(disc, sizeof disc, "crossuser.rdma.%zu", l);
+        vt_sync(fd, 0x6C00 + l);
+        vt_end_open(&e, &c, fd, parent);
+        vt_end_link(&e, disc);
+        if (parent) {
+            printf("  %-40s %s\n", refuse ? "crossuser rdma write refused" : "crossuser rdma write",
+                   vt_level_name(c.level));
+            if (refuse) {
+                vt_mem_reg(&closed, e.nic, e.ptag, 4096, VIP_FALSE, VIP_FALSE);
+                vt_put_u64(fd, (uint64_t)(uintptr_t)closed.base);
+                vt_put_u64(fd, (uint64_t)(uintptr_t)closed.mh);
+                parent_refused(&e, &closed);
+                vt_mem_dereg(&closed);
+            } else {
+                vt_put_u64(fd, (uint64_t)(uintptr_t)e.buf.base);
+                vt_put_u64(fd, (uint64_t)(uintptr_t)e.buf.mh);
+                parent_rdma(&e, l);
+            }
+        } else {
+            uint64_t raddr = vt_get_u64(fd);
+            VIP_MEM_HANDLE rmh = (VIP_MEM_HANDLE)(uintptr_t)vt_get_u64(fd);
+            if (refuse)
+                child_refused(&e, raddr, rmh);
+            else
+                child_rdma(&e, l, raddr, rmh);
+        }
+        vt_sync(fd, 0xE1D00 + l);
+        vt_end_close(&e);
+    }
+}
+
 static void child(int fd, void *arg)
 {
     (void)arg;
@@ -119,6 +259,7 @@ static void child(int fd, void *arg)
     CHECK_EQ(NOBODY, getuid());
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     run(fd, 0);
+    run_rdma(fd, 0);
 }
 
 int main(void)
@@ -133,6 +274,7 @@ int main(void)
     VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
     vt_put_u64(c.fd, 1);
     run(c.fd, 1);
+    run_rdma(c.fd, 1);
     CHECK_OK(VipCloseNic(nic));
     vt_join(&c);
     return 0;

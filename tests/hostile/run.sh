@@ -101,6 +101,16 @@ result peer-error-code $h $?
 
 # 4. A client that never completes its handshake does not keep a
 #    listener (waiting with VIP_INFINITE) from the next, honest client.
+# 3b. A peer's RDMA writes through the ring, none checked by the peer:
+# the victim lands the allowed one, refuses the rest, breaks on a bad slot.
+disc=rdma-$$
+timeout 60 "$victim" rdma $disc "$work" &
+v=$!
+as_other timeout 60 "$hostile" rdma-write $disc "$work"
+h=$?
+wait $v
+result rdma-write-through-the-ring $h $?
+
 disc=silent-$$
 timeout 15 "$victim" listen $disc &
 v=$!

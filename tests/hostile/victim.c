@@ -13,6 +13,13 @@
  *   victim listen DISC       wait (VIP_INFINITE) and accept the first
  *                            client that completes its handshake
  *   victim client DISC       an honest client of "victim listen"
+ *   victim rdma DISC DIR     register a region with RDMA write enabled
+ *                            (0x22) and one without (0x11), write their
+ *                            addresses and handles to DIR/rdma.targets,
+ *                            accept, poll the receive queue until the peer
+ *                            breaks the connection; then only the first
+ *                            100 bytes of the enabled region may have
+ *                            changed (to 0x33), the other region not
  *   victim open              open and close the NIC (with whatever agent
  *                            VIA_AGENT_SOCKET leads to)
  */
@@ -129,6 +136,47 @@ static int mode_break(const char *disc)
     return 0;
 }
 
+static int mode_rdma(const char *disc, const char *dir)
+{
+    victim v;
+    victim_open(&v);
+    vt_mem open_, closed;
+    vt_mem_reg(&open_, v.nic, v.ptag, 4096, VIP_TRUE, VIP_FALSE);
+    vt_mem_reg(&closed, v.nic, v.ptag, 4096, VIP_FALSE, VIP_FALSE);
+    memset(open_.base, 0x22, open_.size);
+    memset(closed.base, 0x11, closed.size);
+    char path[512], tmp[520];
+    snprintf(path, sizeof path, "%s/rdma.targets", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL);
+    fprintf(f, "%llu %u %llu %u\n", (unsigned long long)(uintptr_t)open_.base, (unsigned)open_.mh,
+            (unsigned long long)(uintptr_t)closed.base, (unsigned)closed.mh);
+    CHECK(fclose(f) == 0);
+    CHECK(rename(tmp, path) == 0);
+    CHECK_OK(victim_accept(&v, disc, VT_WAIT_MS));
+    /* The writes land, or are refused, as the receive queue is polled. */
+    double until = vt_now_ms() + VT_WAIT_MS;
+    VIP_DESCRIPTOR *d = NULL;
+    while (vt_vi_state(v.vi) == VIP_STATE_CONNECTED && vt_now_ms() < until) {
+        CHECK_RET(VIP_NOT_DONE, VipRecvDone(v.vi, &d));
+        vt_sleep_ms(1);
+    }
+    CHECK_STATE(VIP_STATE_ERROR, v.vi);
+    CHECK_ERROR_REPORTED(&v.errs, VIP_ERROR_CONN_LOST, v.vi);
+    for (size_t i = 0; i < open_.size; i++)
+        if (open_.base[i] != (i < 100 ? 0x33 : 0x22))
+            VT_FAIL("byte %zu of the enabled region is 0x%02x", i, open_.base[i]);
+    for (size_t i = 0; i < closed.size; i++)
+        if (closed.base[i] != 0x11)
+            VT_FAIL("byte %zu of the region without RDMA write is 0x%02x", i, closed.base[i]);
+    vt_mem_dereg(&open_);
+    vt_mem_dereg(&closed);
+    victim_close(&v);
+    printf("victim: the allowed write landed, the refused ones did not, the bad slot broke the connection\n");
+    return 0;
+}
+
 static int mode_listen(const char *disc)
 {
     victim v;
@@ -166,6 +214,8 @@ int main(int argc, char **argv)
         return mode_table(argv[2]);
     if (argc == 3 && strcmp(argv[1], "break") == 0)
         return mode_break(argv[2]);
+    if (argc == 4 && strcmp(argv[1], "rdma") == 0)
+        return mode_rdma(argv[2], argv[3]);
     if (argc == 3 && strcmp(argv[1], "listen") == 0)
         return mode_listen(argv[2]);
     if (argc == 3 && strcmp(argv[1], "client") == 0)
@@ -176,6 +226,6 @@ int main(int argc, char **argv)
         printf("victim: opened and closed %s\n", VT_DEV);
         return 0;
     }
-    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | listen DISC | client DISC\n");
+    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | rdma DISC DIR | listen DISC | client DISC\n");
     return 2;
 }

@@ -33,7 +33,10 @@ use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{PublishedTable, REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
-use via_shm::ring::{SlotHeader, INLINE_MAX, SLOT_RDMA_WRITE_IMM, SLOT_SEND, SLOT_SEND_PIECE};
+use via_shm::ring::{
+    SlotHeader, INLINE_MAX, RDMA_TARGET_BYTES, SLOT_RDMA_PIECE, SLOT_RDMA_WRITE, SLOT_RDMA_WRITE_IMM, SLOT_SEND,
+    SLOT_SEND_PIECE,
+};
 use via_shm::{cma, futex};
 
 /// Slot flag: `imm` is valid.
@@ -93,6 +96,8 @@ pub(crate) struct RecvQueue {
     /// Shared memory: the message arriving in ring pieces into the first
     /// pending item.
     pub pieces: Option<Pieces>,
+    /// Shared memory: the RDMA write arriving through the ring.
+    pub rdma: Option<RingWrite>,
     /// Messages and bytes received.
     pub tally: CounterRow,
 }
@@ -109,6 +114,25 @@ pub(crate) struct Pieces {
     /// Error bits of the descriptor (its buffers went since the post):
     /// the pieces are consumed and not copied.
     pub error: u32,
+}
+
+/// An RDMA write arriving through the ring (`SLOT_RDMA_WRITE`, then its
+/// `SLOT_RDMA_PIECE` slots), checked against this process's registry when
+/// its header came.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingWrite {
+    /// Where it lands.
+    pub addr: u64,
+    /// The memory handle the initiator named.
+    pub handle: u32,
+    /// Its length.
+    pub total: u32,
+    /// Bytes arrived so far, in order.
+    pub got: u32,
+    /// Refused: its pieces are consumed and not copied.
+    pub refused: bool,
+    /// With immediate data: the receive entry it consumes and the data.
+    pub imm: Option<(u64, u32)>,
 }
 
 /// A message being placed into a receive descriptor over the network.
@@ -758,6 +782,13 @@ impl Vi {
                 Ok(None) => return broken,
                 Err(_) => return impossible(),
             };
+            if hdr.kind == SLOT_RDMA_WRITE || hdr.kind == SLOT_RDMA_PIECE || q.rdma.is_some() {
+                match self.ring_write_slot(q, rx, &hdr) {
+                    Ok(None) => continue,
+                    Ok(Some(why)) => return Some(why),
+                    Err(()) => return impossible(),
+                }
+            }
             let timer = StageTimer::start();
             let index = q.done;
             let pieces = q.pieces;
@@ -876,9 +907,115 @@ impl Vi {
         }
     }
 
+    /// Takes in one slot of an RDMA write through the ring (the peek of
+    /// `hdr`): its header is checked against this process's registry, tag
+    /// and enables (as `net_path::local_allows` does for the network), its
+    /// pieces land only where that allowed, and each piece's range is
+    /// checked again where it lands (a region deregistered meanwhile takes
+    /// no byte).  A refused write writes nothing; on a reliable VI it
+    /// breaks the connection (returned), on an unreliable one it is
+    /// dropped.  `Err`: the peer wrote something impossible.
+    fn ring_write_slot(&self, q: &mut RecvQueue, rx: &via_shm::Ring, hdr: &SlotHeader) -> Result<Option<Break>, ()> {
+        let refused_before = q.rdma.is_some_and(|w| w.refused);
+        let w = match (q.rdma, hdr.kind) {
+            (None, SLOT_RDMA_WRITE) if q.pieces.is_none() => {
+                if hdr.status != 0
+                    || hdr.aux != 0
+                    || hdr.flags & !FLAG_IMMEDIATE != 0
+                    || hdr.inline_len as usize != RDMA_TARGET_BYTES
+                {
+                    return Err(());
+                }
+                let mut target = [0u8; RDMA_TARGET_BYTES];
+                if rx.read_payload(&mut [&mut target[..]]) != RDMA_TARGET_BYTES {
+                    return Err(());
+                }
+                let addr = u64::from_le_bytes(target[..8].try_into().map_err(|_| ())?);
+                let handle = u32::from_le_bytes(target[8..].try_into().map_err(|_| ())?);
+                let imm = if hdr.flags & FLAG_IMMEDIATE != 0 {
+                    // The receive it consumes is the next one posted here.
+                    if q.items.get(q.done).is_none_or(|i| i.seq != Some(hdr.recv_seq)) {
+                        return Err(());
+                    }
+                    Some((hdr.recv_seq, hdr.imm))
+                } else {
+                    None
+                };
+                let refused = !self.ring_write_allowed(handle, addr, hdr.length as u64);
+                RingWrite { addr, handle, total: hdr.length, got: 0, refused, imm }
+            }
+            (Some(mut w), SLOT_RDMA_PIECE) => {
+                if hdr.length != w.total
+                    || hdr.aux != w.got as u64
+                    || hdr.inline_len == 0
+                    || hdr.inline_len > w.total - w.got
+                {
+                    return Err(());
+                }
+                let n = hdr.inline_len;
+                let at = w.addr.wrapping_add(w.got as u64);
+                if !w.refused && !self.ring_write_allowed(w.handle, at, n as u64) {
+                    w.refused = true;
+                }
+                if !w.refused {
+                    // SAFETY: [at, at + n) lies in a region of this process
+                    // registered for RDMA write under the VI's tag, checked
+                    // just now.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, n as usize) };
+                    rx.read_payload(&mut [dst]);
+                }
+                w.got += n;
+                w
+            }
+            _ => return Err(()),
+        };
+        rx.pop();
+        self.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
+        let reliable = reliable(self.attrs().reliability);
+        let refused_now = w.refused && !refused_before;
+        if refused_now {
+            self.nic.counters.add(Counter::RdmaRefused, 1);
+        }
+        if w.got < w.total {
+            q.rdma = Some(w);
+        } else {
+            q.rdma = None;
+            if let Some((seq, imm)) = w.imm {
+                let Some(item) = q.items.get_mut(q.done).filter(|i| i.seq == Some(seq)) else {
+                    return Err(());
+                };
+                let mut status = STATUS_OP_REMOTE_RDMA_WRITE | STATUS_IMMEDIATE;
+                let length = if w.refused {
+                    status |= STATUS_RDMA_PROT_ERROR;
+                    0
+                } else {
+                    w.total
+                };
+                item.finish(&self.nic.registry, status, length, Some(imm));
+                q.done += 1;
+                if !w.refused {
+                    q.tally.add(Counter::MsgsReceived, 1);
+                    q.tally.add(Counter::BytesReceived, length as u64);
+                }
+            }
+        }
+        Ok((refused_now && reliable).then_some(RDMAW_REFUSED))
+    }
+
+    /// Whether this VI lets the peer write `[addr, addr + len)` of region
+    /// `handle`: the VI and the region enable RDMA write, the region is
+    /// live, holds the range and has the VI's protection tag.
+    fn ring_write_allowed(&self, handle: u32, addr: u64, len: u64) -> bool {
+        let (rules, attrs) = self.rules();
+        attrs.rdma_write
+            && matches!(rules.registry.lookup(handle),
+                Some(r) if r.ptag == rules.ptag && r.flags & REGION_RDMA_WRITE != 0 && r.contains(addr, len))
+    }
+
     /// Completes every pending receive with DESC_FLUSHED_ERROR.
     fn flush(&self, q: &mut RecvQueue) {
         q.pieces = None;
+        q.rdma = None;
         let mut n = 0;
         for item in q.items.iter_mut().skip(q.done) {
             let bits = if item.error != 0 { item.error } else { STATUS_DESC_FLUSHED_ERROR };
@@ -1161,6 +1298,9 @@ fn local_slices_mut(segs: &[LocalSeg]) -> Vec<IoSliceMut<'static>> {
 
 const NO_RECV: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RECVQ_EMPTY };
 const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
+/// An RDMA write through the ring that this side refused, on a reliable VI:
+/// both ends report the protection error, as over the network.
+const RDMAW_REFUSED: Break = Break { mine: error_code::RDMAW_PROT, theirs: error_code::RDMAW_PROT };
 
 /// How long a fence waits for a peer's copy under way: an honest one takes
 /// a millisecond for the largest message.
@@ -1192,6 +1332,11 @@ fn execute(
             let Some((addr, handle)) = wr.remote else {
                 return (STATUS_FORMAT_ERROR, 0, None);
             };
+            if !conn.attach {
+                // The kernel does not let us into the target: through the
+                // ring, checked by the target against its own registry.
+                return ring_write(conn, wr, addr, handle, reliable, tally);
+            }
             // Announced before the check: the peer's fences wait for it.
             let Some(_copy) = conn.seg.begin_copy() else {
                 return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
@@ -1378,28 +1523,52 @@ fn scattered(segs: &[LocalSeg], offset: u64) -> impl Iterator<Item = &'static mu
 /// room, for at most [`RING_ROOM_LIMIT`] and while the peer is there.
 fn send_pieces(conn: &Conn, first: &SlotHeader, segs: &[LocalSeg], tally: &mut CounterRow) -> Result<(), ()> {
     let total = first.length as u64;
-    let mut offset = 0u64;
-    let mut waited: Option<std::time::Instant> = None;
-    let mut spins = 0u32;
+    let mut waited = None;
+    let n = total.min(INLINE_MAX as u64);
+    push_room(conn, first, gathered(segs, 0, n), &mut waited)?;
+    tally.add(Counter::RingPieces, 1);
+    push_pieces(conn, SLOT_SEND_PIECE, first, segs, n, &mut waited, tally)
+}
+
+/// Pushes the bytes of `segs` from `offset` to `like.length` in slots of
+/// `kind` (`SLOT_SEND_PIECE`, `SLOT_RDMA_PIECE`), each `aux` bytes into the
+/// message, with `like`'s length and receive.
+fn push_pieces(
+    conn: &Conn,
+    kind: u32,
+    like: &SlotHeader,
+    segs: &[LocalSeg],
+    mut offset: u64,
+    waited: &mut Option<std::time::Instant>,
+    tally: &mut CounterRow,
+) -> Result<(), ()> {
+    let total = like.length as u64;
     while offset < total {
         let n = (total - offset).min(INLINE_MAX as u64);
-        let hdr = if offset == 0 {
-            *first
-        } else {
-            SlotHeader {
-                kind: SLOT_SEND_PIECE,
-                length: first.length,
-                recv_seq: first.recv_seq,
-                aux: offset,
-                ..Default::default()
-            }
-        };
-        match conn.seg.tx().push_gather(&hdr, gathered(segs, offset, n)) {
-            Ok(()) => {
-                offset += n;
-                spins = 0;
-                tally.add(Counter::RingPieces, 1);
-            }
+        let hdr = SlotHeader { kind, length: like.length, recv_seq: like.recv_seq, aux: offset, ..Default::default() };
+        push_room(conn, &hdr, gathered(segs, offset, n), waited)?;
+        offset += n;
+        tally.add(Counter::RingPieces, 1);
+    }
+    Ok(())
+}
+
+/// Pushes one slot; where the ring is full, waits for the receiver to make
+/// room, for at most [`RING_ROOM_LIMIT`] since `waited` (the first wait of
+/// the message) and while the peer is there.
+fn push_room<'a, I>(
+    conn: &Conn,
+    hdr: &SlotHeader,
+    payload: I,
+    waited: &mut Option<std::time::Instant>,
+) -> Result<(), ()>
+where
+    I: Iterator<Item = &'a [u8]> + Clone,
+{
+    let mut spins = 0u32;
+    loop {
+        match conn.seg.tx().push_gather(hdr, payload.clone()) {
+            Ok(()) => return Ok(()),
             Err(via_shm::ShmError::Full) => {
                 spins += 1;
                 if spins < 64 {
@@ -1414,7 +1583,58 @@ fn send_pieces(conn: &Conn, first: &SlotHeader, segs: &[LocalSeg], tally: &mut C
             Err(_) => return Err(()),
         }
     }
-    Ok(())
+}
+
+/// An RDMA write through the ring, where this process may not attach to
+/// the target: a `SLOT_RDMA_WRITE` naming the target's memory, then the
+/// data in `SLOT_RDMA_PIECE` slots.  The target checks the write against
+/// its own registry, tag and enables before a byte lands (`drain_ring`);
+/// it breaks a reliable connection over a refused one and drops it on an
+/// unreliable VI, so the write completes here once it is in the ring.
+/// With immediate data it takes the target's next posted receive first.
+fn ring_write(
+    conn: &Conn,
+    wr: &WorkRequest,
+    addr: u64,
+    handle: u32,
+    reliable: bool,
+    tally: &mut CounterRow,
+) -> (u32, u32, Option<Break>) {
+    let total = wr.total as u32;
+    let mut recv_seq = 0;
+    if wr.immediate.is_some() {
+        match conn.seg.peer_recvs().take_seq() {
+            Ok(Some(seq)) => recv_seq = seq,
+            Ok(None) if !reliable => {
+                conn.counters.add(Counter::DroppedNoRecv, 1);
+                return (0, total, None); // unreliable: dropped
+            }
+            Ok(None) => return (STATUS_TRANSPORT_ERROR, 0, Some(NO_RECV)),
+            Err(_) => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
+        }
+    }
+    let hdr = SlotHeader {
+        kind: SLOT_RDMA_WRITE,
+        length: total,
+        recv_seq,
+        imm: wr.immediate.unwrap_or(0),
+        flags: if wr.immediate.is_some() { FLAG_IMMEDIATE } else { 0 },
+        ..Default::default()
+    };
+    let mut target = [0u8; RDMA_TARGET_BYTES];
+    target[..8].copy_from_slice(&addr.to_le_bytes());
+    target[8..].copy_from_slice(&handle.to_le_bytes());
+    let mut waited = None;
+    let pushed = push_room(conn, &hdr, std::iter::once(&target[..]), &mut waited)
+        .and_then(|()| push_pieces(conn, SLOT_RDMA_PIECE, &hdr, &wr.segs, 0, &mut waited, tally));
+    if pushed.is_err() {
+        return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+    }
+    if wr.immediate.is_some() && conn.peer.recv_cq != NO_CQ {
+        conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
+    }
+    tally.add(Counter::RdmaWrites, 1);
+    (0, total, None)
 }
 
 /// Waits up to a millisecond on the connection's socket: true when the

@@ -33,6 +33,7 @@ pub use inbox::{Inbox, INBOXES, INBOX_ENTRIES, INBOX_SEGMENT_BYTES};
 pub use recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
 pub use region::SharedRegion;
 pub use ring::{
-    Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM, SLOT_SEND, SLOT_SEND_PIECE,
+    Ring, SlotHeader, INLINE_MAX, RDMA_TARGET_BYTES, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_PIECE,
+    SLOT_RDMA_WRITE, SLOT_RDMA_WRITE_IMM, SLOT_SEND, SLOT_SEND_PIECE,
 };
 pub use table::{TableSegment, TABLE_SEGMENT_BYTES};

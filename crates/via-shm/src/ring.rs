@@ -44,6 +44,18 @@ pub const SLOT_ERROR: u32 = 3;
 /// bytes into the message (its first piece is a `SLOT_SEND`).  Used where
 /// the sender may not cross-memory attach to the receiver.
 pub const SLOT_SEND_PIECE: u32 = 4;
+/// Slot kind: the header of an RDMA write carried through the ring, where
+/// the initiator may not cross-memory attach to the target.  `length` is
+/// the write's length; its payload names the target's memory (address and
+/// memory handle, [`RDMA_TARGET_BYTES`]), which the target checks against
+/// its own registry.  With immediate data it consumes receive `recv_seq`.
+pub const SLOT_RDMA_WRITE: u32 = 5;
+/// Slot kind: a piece of the data of an RDMA write carried through the
+/// ring, `aux` bytes into the write (after its `SLOT_RDMA_WRITE`).
+pub const SLOT_RDMA_PIECE: u32 = 6;
+/// Payload bytes of a `SLOT_RDMA_WRITE` slot: the remote address (`u64`)
+/// then the remote memory handle (`u32`), little-endian.
+pub const RDMA_TARGET_BYTES: usize = 12;
 
 /// The header, then the stamp (`u64`), then the payload.
 const STAMP_OFFSET: usize = 40;

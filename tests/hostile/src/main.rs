@@ -14,6 +14,7 @@
 //! via-hostile forge-pid DISC DIR ADDR LEN    a receive at ADDR; claims the bystander's pid
 //! via-hostile table-write DISC               tries to write the victim's registry table
 //! via-hostile break-code DISC                breaks the connection with a code not in the specification
+//! via-hostile rdma-write DISC DIR            RDMA writes through the ring the victim must refuse
 //! via-hostile silent DISC SECONDS            connects and never says Ready
 //! via-hostile big-segment DISC               asks for a 256 MiB connection segment
 //! via-hostile impostor NAME DIR SECONDS       poses as the agent on @NAME; writes what it got to DIR
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         ["forge-pid", disc, dir, addr, len] => forge_pid(disc, Path::new(dir), parse(addr), parse(len)),
         ["table-write", disc] => table_write(disc),
         ["break-code", disc] => break_code(disc),
+        ["rdma-write", disc, dir] => rdma_write(disc, Path::new(dir)),
         ["silent", disc, secs] => silent(disc, parse(secs)),
         ["big-segment", disc] => big_segment(disc),
         ["impostor", name, dir, secs] => impostor(name, Path::new(dir), parse(secs)),
@@ -351,6 +353,76 @@ fn break_code(disc: &str) -> Outcome {
         return Err(format!("send: {}", io::Error::last_os_error()));
     }
     // Keep the connection until the victim has seen it.
+    std::thread::sleep(Duration::from_secs(2));
+    Ok(())
+}
+
+/// RDMA writes through the ring, as a peer that may not attach to the
+/// victim sends them, none of which the peer checks: one the victim allows
+/// (100 bytes of 0x33 at the start of its enabled region), then writes
+/// into its region without RDMA write enable, past the end of the enabled
+/// region, at the other region's address under the enabled one's handle,
+/// under a handle that names nothing, and of a length that wraps the
+/// address space; then a header the protocol cannot have.  The victim
+/// (unreliable) must drop the refused writes, land none of their bytes,
+/// and break the connection over the bad header.
+fn rdma_write(disc: &str, dir: &Path) -> Outcome {
+    use via_shm::{SlotHeader, RDMA_TARGET_BYTES, SLOT_RDMA_PIECE, SLOT_RDMA_WRITE};
+    let file = dir.join("rdma.targets");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        if let Ok(t) = std::fs::read_to_string(&file) {
+            break t;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no {}", file.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let v: Vec<u64> = text.split_whitespace().map(parse).collect();
+    let [open, open_mh, closed, closed_mh] = v[..] else {
+        return Err(format!("bad {}: {text:?}", file.display()));
+    };
+    let (open_mh, closed_mh) = (open_mh as u32, closed_mh as u32);
+    let attacker = Attacker::new()?;
+    let conn = attacker.handshake(disc, |_| Ok(()))?;
+    let tx = conn._seg.tx();
+    let push = |hdr: &SlotHeader, payload: &[u8]| -> Outcome {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match tx.push(hdr, &[payload]) {
+                Ok(()) => return Ok(()),
+                Err(via_shm::ShmError::Full) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => return Err(format!("push: {e}")),
+            }
+        }
+    };
+    let write = |addr: u64, handle: u32, len: u32, byte: u8| -> Outcome {
+        let mut target = [0u8; RDMA_TARGET_BYTES];
+        target[..8].copy_from_slice(&addr.to_le_bytes());
+        target[8..].copy_from_slice(&handle.to_le_bytes());
+        push(&SlotHeader { kind: SLOT_RDMA_WRITE, length: len, ..Default::default() }, &target)?;
+        let data = vec![byte; 1024];
+        let mut at = 0u32;
+        while at < len {
+            let n = (len - at).min(1024);
+            let piece = SlotHeader { kind: SLOT_RDMA_PIECE, length: len, aux: at as u64, ..Default::default() };
+            push(&piece, &data[..n as usize])?;
+            at += n;
+        }
+        Ok(())
+    };
+    write(open, open_mh, 100, 0x33)?;
+    write(closed, closed_mh, 100, 0x44)?;
+    write(open + 4000, open_mh, 200, 0x44)?;
+    write(closed, open_mh, 100, 0x44)?;
+    write(open, 0xFFFF_FFF0, 100, 0x44)?;
+    write(u64::MAX - 50, open_mh, 100, 0x44)?;
+    // A header whose payload is not an address and a handle.
+    push(&SlotHeader { kind: SLOT_RDMA_WRITE, length: 4, ..Default::default() }, &open.to_le_bytes()[..4])?;
+    // Keep the connection until the victim has seen it all.
     std::thread::sleep(Duration::from_secs(2));
     Ok(())
 }
