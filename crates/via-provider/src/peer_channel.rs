@@ -65,14 +65,19 @@ pub fn expect_credentials(socket: BorrowedFd<'_>) -> io::Result<()> {
 /// Sends `msg` with this process's credentials and, for `Ready` and
 /// `Accept`, the fd of this process's registry table.
 pub fn send(socket: BorrowedFd<'_>, msg: &PeerMessage, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-    let bytes = msg.encode();
+    // SAFETY: getpid, geteuid and getegid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    send_claiming(socket, &msg.encode(), pid, fd)
+}
+
+/// Sends `bytes` with credentials that state `pid` (and this process's
+/// effective uid and gid) and, if given, one fd.  The kernel refuses
+/// (`EPERM`) a pid that is not the caller's unless the caller is
+/// privileged: that check is what [`send`] and its receivers rely on.
+pub fn send_claiming(socket: BorrowedFd<'_>, bytes: &[u8], pid: i32, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
     let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    let creds = libc::ucred {
-        // SAFETY: these calls cannot fail.
-        pid: unsafe { libc::getpid() },
-        uid: unsafe { libc::geteuid() },
-        gid: unsafe { libc::getegid() },
-    };
+    // SAFETY: geteuid and getegid cannot fail.
+    let creds = libc::ucred { pid, uid: unsafe { libc::geteuid() }, gid: unsafe { libc::getegid() } };
     // SAFETY: CMSG_SPACE is a pure computation.
     let space =
         unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) + libc::CMSG_SPACE(size_of::<i32>() as u32) };

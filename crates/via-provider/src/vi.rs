@@ -1648,8 +1648,6 @@ fn peer_hung_up(conn: &Conn) -> bool {
     n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
-/// Checks an RDMA request against the target's registry, tag and enables:
-/// the registry's table as the target publishes it in its inbox segment.
 /// Whether the receiver still has the receive buffer `seg` registered.
 fn receiver_holds(conn: &Conn, seg: &RecvSeg) -> bool {
     // SAFETY: as in `remote_allows`.
@@ -1657,6 +1655,8 @@ fn receiver_holds(conn: &Conn, seg: &RecvSeg) -> bool {
     table.lookup(seg.handle).is_some_and(|r| r.contains(seg.addr, u64::from(seg.len)))
 }
 
+/// Checks an RDMA request against the target's registry, tag and enables:
+/// the registry's table as the target publishes it in its table segment.
 fn remote_allows(conn: &Conn, addr: u64, handle: u32, len: u64, write: bool) -> bool {
     let peer = &conn.peer;
     if (write && !peer.rdma_write) || (!write && !peer.rdma_read) {

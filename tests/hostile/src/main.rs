@@ -21,8 +21,7 @@
 //! ```
 
 use std::io;
-use std::mem::{size_of, zeroed};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -221,7 +220,7 @@ fn forge_pid(disc: &str, dir: &Path, addr: u64, len: u64) -> Outcome {
     seg.my_recvs().publish([RecvSeg { addr, len: len as u32, handle }]).map_err(|e| e.to_string())?;
     // The lie: Ready in the bystander's name.
     let ready = PeerMessage::Ready(endpoint());
-    match send_claiming(fds.socket.as_fd(), &ready.encode(), bystander, attacker.table.fd()) {
+    match peer_channel::send_claiming(fds.socket.as_fd(), &ready.encode(), bystander, Some(attacker.table.fd())) {
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => {}
         Err(e) => return Err(format!("sending forged credentials failed oddly: {e}")),
         Ok(()) => return Err("the kernel carried credentials naming another process".into()),
@@ -244,37 +243,6 @@ fn forge_pid(disc: &str, dir: &Path, addr: u64, len: u64) -> Outcome {
     match mem.iter().position(|&b| b != VICTIM_BYTE) {
         None => Ok(()),
         Some(at) => Err(format!("the victim's send did not land here (byte {at} is {:#x})", mem[at])),
-    }
-}
-
-/// Sends `bytes` with credentials that name `pid` and one fd.
-fn send_claiming(socket: BorrowedFd, bytes: &[u8], pid: i32, fd: BorrowedFd) -> io::Result<()> {
-    let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
-    // SAFETY: the CMSG macros write within `control`, which holds both
-    // control messages.
-    unsafe {
-        let creds = libc::ucred { pid, uid: libc::geteuid(), gid: libc::getegid() };
-        let space = libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) + libc::CMSG_SPACE(size_of::<i32>() as u32);
-        let mut control = vec![0u64; (space as usize).div_ceil(8)];
-        let mut hdr: libc::msghdr = zeroed();
-        hdr.msg_iov = &mut iov;
-        hdr.msg_iovlen = 1;
-        hdr.msg_control = control.as_mut_ptr().cast();
-        hdr.msg_controllen = space as usize;
-        let c = libc::CMSG_FIRSTHDR(&hdr);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_CREDENTIALS;
-        (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>(), creds);
-        let c = libc::CMSG_NXTHDR(&hdr, c);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(size_of::<i32>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd.as_raw_fd());
-        match libc::sendmsg(socket.as_raw_fd(), &hdr, libc::MSG_NOSIGNAL) {
-            n if n >= 0 => Ok(()),
-            _ => Err(io::Error::last_os_error()),
-        }
     }
 }
 
