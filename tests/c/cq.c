@@ -368,10 +368,15 @@ static void client(side_t *s, int fd)
     free(remote);
     vt_disc(disc, sizeof disc, "cq-x");
     vt_connect(s->nic, s->x, disc);
-    /* The server's CQ inboxes are mapped once for all 129 connections,
-     * next to this NIC's own; so is the memory registry the server
-     * publishes, read-only, next to this NIC's own. */
-    CHECK_EQ(2, mappings_of("memfd:openvia-inbox", "rw-s"));
+    /* One completion lane each way serves all 129 connections to the
+     * server: ours, into which the server pushes, and the server's, into
+     * which we push; the server's bell is mapped once, next to this NIC's
+     * own, and so is the memory registry the server publishes, read-only,
+     * next to this NIC's own.  This NIC's private inbox is shared with
+     * nobody. */
+    CHECK_EQ(1, mappings_of("memfd:openvia-inbox", "rw-s"));
+    CHECK_EQ(2, mappings_of("memfd:openvia-lane", "rw-s"));
+    CHECK_EQ(2, mappings_of("memfd:openvia-bell", "rw-s"));
     CHECK_EQ(0, mappings_of("memfd:openvia-inbox", "r--s"));
     CHECK_EQ(1, mappings_of("memfd:openvia-registry", "rw-s"));
     CHECK_EQ(1, mappings_of("memfd:openvia-registry", "r--s"));

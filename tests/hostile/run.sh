@@ -111,6 +111,23 @@ h=$?
 wait $v
 result rdma-write-through-the-ring $h $?
 
+# A peer of another user forges, stalls and floods entries of the victim's
+# CQ in its lane, while an honest peer's messages go through the same CQ:
+# every one arrives, none waits, the hostile connection (only it) breaks.
+disc=cq-$$
+timeout 60 "$victim" cq $disc "$work" 200 &
+v=$!
+sleep 0.3
+as_other timeout 60 "$hostile" cq-lanes $disc "$work" &
+h=$!
+sleep 0.3
+timeout 60 "$victim" sender $disc "$work" 200
+s=$?
+wait $h
+hs=$?
+wait $v
+result cq-lanes $hs $s $?
+
 disc=silent-$$
 timeout 15 "$victim" listen $disc &
 v=$!

@@ -20,6 +20,18 @@
  *                            breaks the connection; then only the first
  *                            100 bytes of the enabled region may have
  *                            changed (to 0x33), the other region not
+ *   victim cq DISC DIR N     one CQ for the receive queues of two VIs:
+ *                            one accepted on DISC (the hostile peer), one
+ *                            on DISC-honest ("victim sender"); writes both
+ *                            VI handles to DIR/cq.vis, then takes N
+ *                            messages of the honest peer through the CQ:
+ *                            every entry naming the honest VI must be a
+ *                            real completion, none may wait past a bound,
+ *                            the hostile VI's connection must break and
+ *                            the CQ must report no error
+ *   victim sender DISC DIR N an honest peer of "victim cq": connects to
+ *                            DISC-honest, waits for DIR/cq.attacked, sends N
+ *                            messages of 64 bytes, waits for DIR/cq.done
  *   victim open              open and close the NIC (with whatever agent
  *                            VIA_AGENT_SOCKET leads to)
  */
@@ -205,6 +217,175 @@ static int mode_client(const char *disc)
     return 0;
 }
 
+/* Writes text to DIR/name atomically. */
+static void victim_write_file(const char *dir, const char *name, const char *text)
+{
+    char path[512], tmp[520];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL);
+    fputs(text, f);
+    CHECK(fclose(f) == 0);
+    CHECK(rename(tmp, path) == 0);
+}
+
+/* Waits up to ms for DIR/name to exist. */
+static int victim_await_file(const char *dir, const char *name, unsigned ms)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    double until = vt_now_ms() + ms;
+    while (access(path, F_OK) != 0) {
+        if (vt_now_ms() > until)
+            return 0;
+        vt_sleep_ms(5);
+    }
+    return 1;
+}
+
+#define CQ_MSG 64
+
+static int mode_cq(const char *disc, const char *dir, unsigned n)
+{
+    victim v;
+    v.nic = vt_open_nic(VT_DEV);
+    vt_errlog_init(&v.errs);
+    CHECK_OK(VipErrorCallback(v.nic, &v.errs, vt_errlog_handler));
+    CHECK_OK(VipCreatePtag(v.nic, &v.ptag));
+    VIP_CQ_HANDLE cq;
+    CHECK_OK(VipCreateCQ(v.nic, 1024, &cq));
+    VIP_VI_ATTRIBUTES va = vt_vi_attrs(VIP_SERVICE_UNRELIABLE, v.ptag, MTU, VIP_TRUE, VIP_FALSE);
+    VIP_VI_HANDLE hostile_vi, honest_vi;
+    CHECK_OK(VipCreateVi(v.nic, &va, NULL, cq, &hostile_vi));
+    CHECK_OK(VipCreateVi(v.nic, &va, NULL, cq, &honest_vi));
+    vt_mem buf;
+    vt_dpool descs;
+    vt_mem_reg(&buf, v.nic, v.ptag, (size_t)(n + 16) * CQ_MSG, VIP_FALSE, VIP_FALSE);
+    vt_dpool_init(&descs, v.nic, v.ptag, n + 16, 1);
+    for (unsigned i = 0; i < n + 16; i++) {
+        VIP_DESCRIPTOR *d = vt_dpool_get(&descs, i);
+        vt_desc_recv(d, buf.base + (size_t)i * CQ_MSG, buf.mh, CQ_MSG, 1);
+        CHECK_OK(VipPostRecv(i < n ? honest_vi : hostile_vi, d, descs.mem.mh));
+    }
+    v.vi = hostile_vi;
+    CHECK_OK(victim_accept(&v, disc, VT_WAIT_MS));
+    char honest_disc[VT_MAX_DISC];
+    snprintf(honest_disc, sizeof honest_disc, "%s-honest", disc);
+    v.vi = honest_vi;
+    CHECK_OK(victim_accept(&v, honest_disc, VT_WAIT_MS));
+    char text[128];
+    snprintf(text, sizeof text, "%llu %llu\n", (unsigned long long)(uintptr_t)honest_vi,
+             (unsigned long long)(uintptr_t)hostile_vi);
+    victim_write_file(dir, "cq.vis", text);
+
+    unsigned got = 0, hostile_reports = 0, waits = 0;
+    double until = vt_now_ms() + VT_WAIT_MS;
+    while (got < n) {
+        if (vt_now_ms() > until)
+            VT_FAIL("%u of %u messages of the honest peer within %lu ms", got, n, VT_WAIT_MS);
+        VIP_VI_HANDLE vi = NULL;
+        VIP_BOOLEAN recv = VIP_FALSE;
+        VIP_RETURN r = VipCQWait(cq, 1000, &vi, &recv);
+        if (r == VIP_TIMEOUT) {
+            waits++;
+            continue;
+        }
+        CHECK_OK(r);
+        CHECK(recv == VIP_TRUE);
+        VIP_DESCRIPTOR *d = NULL;
+        if (vi == hostile_vi) {
+            /* The hostile peer may name its own VI: that is its connection. */
+            hostile_reports++;
+            r = VipRecvDone(hostile_vi, &d);
+            CHECK(r == VIP_SUCCESS || r == VIP_NOT_DONE);
+            continue;
+        }
+        CHECK(vi == honest_vi);
+        r = VipRecvDone(honest_vi, &d);
+        if (r != VIP_SUCCESS)
+            VT_FAIL("the CQ named the honest VI for a completion it does not have (%s)", vt_ret_name(r));
+        CHECK(d == vt_dpool_get(&descs, got));
+        CHECK(d->CS.Status & VIP_STATUS_DONE);
+        CHECK((d->CS.Status & VIP_STATUS_ERROR_MASK) == 0);
+        CHECK_EQ(CQ_MSG, d->CS.Length);
+        for (unsigned k = 0; k < CQ_MSG; k++)
+            if (buf.base[(size_t)got * CQ_MSG + k] != (VIP_UINT8)(got + k))
+                VT_FAIL("message %u, byte %u", got, k);
+        got++;
+    }
+    /* The sender sent at once: a wait that ran out means a stalled CQ. */
+    CHECK_EQ(0, waits);
+    /* The hostile peer overflowed its lane: its connection, and only its, breaks. */
+    CHECK_ERROR_REPORTED(&v.errs, VIP_ERROR_CONN_LOST, hostile_vi);
+    pthread_mutex_lock(&v.errs.mu);
+    for (int i = 0; i < v.errs.n; i++) {
+        if (v.errs.e[i].ViHandle == honest_vi)
+            VT_FAIL("an error was reported on the honest VI: %s", vt_error_name(v.errs.e[i].ErrorCode));
+        if (v.errs.e[i].CQHandle != NULL)
+            VT_FAIL("an error was reported on the CQ: %s", vt_error_name(v.errs.e[i].ErrorCode));
+    }
+    pthread_mutex_unlock(&v.errs.mu);
+    CHECK(vt_vi_state(honest_vi) == VIP_STATE_CONNECTED);
+    victim_write_file(dir, "cq.done", "done\n");
+    printf("victim: %u honest messages through the CQ, %u entries naming the hostile VI, its connection broken\n",
+           got, hostile_reports);
+    CHECK_OK(VipDisconnect(honest_vi));
+    if (vt_vi_state(hostile_vi) != VIP_STATE_IDLE)
+        CHECK_OK(VipDisconnect(hostile_vi));
+    CHECK_OK(VipDestroyVi(honest_vi));
+    CHECK_OK(VipDestroyVi(hostile_vi));
+    CHECK_OK(VipDestroyCQ(cq));
+    vt_dpool_fini(&descs);
+    vt_mem_dereg(&buf);
+    CHECK_OK(VipDestroyPtag(v.nic, v.ptag));
+    CHECK_OK(VipCloseNic(v.nic));
+    return 0;
+}
+
+static int mode_sender(const char *disc, const char *dir, unsigned n)
+{
+    victim v;
+    victim_open(&v);
+    char honest_disc[VT_MAX_DISC];
+    snprintf(honest_disc, sizeof honest_disc, "%s-honest", disc);
+    VIP_NET_ADDRESS *local = vt_addr_local(v.nic, "honest-sender");
+    VIP_NET_ADDRESS *remote = vt_addr_local(v.nic, honest_disc);
+    VIP_VI_ATTRIBUTES ra;
+    /* The victim listens for us once it has accepted the hostile peer. */
+    VIP_RETURN r;
+    double until = vt_now_ms() + VT_WAIT_MS;
+    while ((r = VipConnectRequest(v.vi, local, remote, 2000, &ra)) != VIP_SUCCESS && vt_now_ms() < until)
+        CHECK(r == VIP_NO_MATCH || r == VIP_TIMEOUT);
+    CHECK_OK(r);
+    free(local);
+    free(remote);
+    vt_mem buf;
+    vt_dpool descs;
+    vt_mem_reg(&buf, v.nic, v.ptag, (size_t)n * CQ_MSG, VIP_FALSE, VIP_FALSE);
+    vt_dpool_init(&descs, v.nic, v.ptag, n, 1);
+    if (!victim_await_file(dir, "cq.attacked", VT_WAIT_MS))
+        VT_FAIL("the hostile peer never said it attacked");
+    for (unsigned i = 0; i < n; i++) {
+        for (unsigned k = 0; k < CQ_MSG; k++)
+            buf.base[(size_t)i * CQ_MSG + k] = (VIP_UINT8)(i + k);
+        VIP_DESCRIPTOR *d = vt_dpool_get(&descs, i);
+        vt_desc_send(d, 0, 0, buf.base + (size_t)i * CQ_MSG, buf.mh, CQ_MSG, 1);
+        CHECK_OK(VipPostSend(v.vi, d, descs.mem.mh));
+    }
+    for (unsigned i = 0; i < n; i++) {
+        VIP_DESCRIPTOR *d = NULL;
+        CHECK_OK(VipSendWait(v.vi, VT_WAIT_MS, &d));
+        CHECK((d->CS.Status & VIP_STATUS_ERROR_MASK) == 0);
+    }
+    if (!victim_await_file(dir, "cq.done", VT_WAIT_MS))
+        VT_FAIL("the victim did not take every message");
+    vt_dpool_fini(&descs);
+    vt_mem_dereg(&buf);
+    victim_close(&v);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     vt_init();
@@ -220,12 +401,16 @@ int main(int argc, char **argv)
         return mode_listen(argv[2]);
     if (argc == 3 && strcmp(argv[1], "client") == 0)
         return mode_client(argv[2]);
+    if (argc == 5 && strcmp(argv[1], "cq") == 0)
+        return mode_cq(argv[2], argv[3], (unsigned)strtoul(argv[4], NULL, 0));
+    if (argc == 5 && strcmp(argv[1], "sender") == 0)
+        return mode_sender(argv[2], argv[3], (unsigned)strtoul(argv[4], NULL, 0));
     if (argc == 2 && strcmp(argv[1], "open") == 0) {
         VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
         CHECK_OK(VipCloseNic(nic));
         printf("victim: opened and closed %s\n", VT_DEV);
         return 0;
     }
-    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | rdma DISC DIR | listen DISC | client DISC\n");
+    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | rdma DISC DIR | listen DISC | client DISC | cq DISC DIR N | sender DISC DIR N\n");
     return 2;
 }

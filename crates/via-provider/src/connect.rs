@@ -12,6 +12,7 @@
 
 use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
+use crate::lane::Lane;
 use crate::net::{NetLink, NetPort};
 use crate::nic::Nic;
 use crate::peer_channel::{self, Sender};
@@ -25,6 +26,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use via_core::consts::SERVICE_UNRELIABLE;
 use via_core::error::{ViaError, ViaResult};
+use via_shm::bell::Bell;
 use via_shm::conn::{ConnSegment, Side, CONN_SEGMENT_BYTES};
 use via_shm::inbox::Inbox;
 use via_shm::region::SharedRegion;
@@ -38,8 +40,14 @@ pub struct Conn {
     pub seg: Arc<ConnSegment>,
     /// The socket pair end: control messages and peer-death detection.
     pub socket: OwnedFd,
-    /// The peer's CQ inboxes, mapped once for all connections to that peer.
-    pub peer_inbox: Arc<Inbox>,
+    /// The lane the peer gave us for the completions we make for it
+    /// (mapped once for all connections to that peer).
+    pub lane_out: Arc<Inbox>,
+    /// The peer's bell, rung after pushing into `lane_out` (mapped once per peer).
+    pub peer_bell: Arc<Bell>,
+    /// Our lane for this peer's completions: entries in it count only for
+    /// VIs connected through it.
+    pub lane_in: Arc<Lane>,
     /// The peer's registry table, mapped read-only, once per peer.
     pub peer_table: Arc<TableSegment>,
     /// The peer process as the kernel names it: the only process that
@@ -61,6 +69,12 @@ impl Conn {
     /// Sends a control message to the peer; a dead peer is not an error here.
     pub fn tell(&self, msg: PeerMessage) {
         let _ = peer_channel::send(self.socket.as_fd(), &msg, None);
+    }
+
+    /// Tells the peer's CQ that its receive queue has a completion we made.
+    pub fn complete_peer_receive(&self) {
+        let entry = crate::cq::CqEntry { vi: self.peer.vi, recv: true };
+        self.lane_out.push_and_ring(&self.peer_bell, self.peer.recv_cq as usize, entry.encode());
     }
 }
 
@@ -93,7 +107,13 @@ pub(crate) enum Linked {
 struct Parts {
     seg: Arc<ConnSegment>,
     socket: OwnedFd,
-    peer_inbox: Arc<Inbox>,
+    peer_bell: Arc<Bell>,
+}
+
+/// The two lanes of a connection: ours for the peer, the peer's for us.
+struct LanePair {
+    lane_in: Arc<Lane>,
+    lane_out: Arc<Inbox>,
 }
 
 /// What the peer's `Ready` or `Accept` established: who it is (the
@@ -109,7 +129,7 @@ struct Introduction {
 pub const HANDSHAKE: Duration = Duration::from_secs(2);
 
 impl Parts {
-    fn into_conn(self, intro: Introduction, peer: Endpoint, vi: &Vi) -> Conn {
+    fn into_conn(self, intro: Introduction, lanes: LanePair, peer: Endpoint, vi: &Vi) -> Conn {
         // The peer's copies into us need our leave where Yama restricts
         // ptrace; given before we say Accept, so a client that probes on
         // our Accept has it.
@@ -121,7 +141,9 @@ impl Parts {
         Conn {
             seg: self.seg,
             socket: self.socket,
-            peer_inbox: self.peer_inbox,
+            lane_out: lanes.lane_out,
+            peer_bell: self.peer_bell,
+            lane_in: lanes.lane_in,
             peer_table: intro.table,
             peer_pid: intro.sender.pid,
             attach,
@@ -189,8 +211,30 @@ fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
     peer_channel::expect_credentials(fds.socket.as_fd()).map_err(|e| fail("socket", &e))?;
     let region = SharedRegion::map_exact(fds.segment, CONN_SEGMENT_BYTES).map_err(|e| fail("segment", &e))?;
     let seg = ConnSegment::new(region, side).map_err(|e| fail("segment", &e))?;
-    let peer_inbox = provider().peer_inboxes.map(fds.peer_inbox, Inbox::map).map_err(|e| fail("peer inbox", &e))?;
-    Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_inbox })
+    // The agent hands each side the other's bell (as its "inbox").
+    let peer_bell = provider().peer_bells.map(fds.peer_inbox, Bell::map).map_err(|e| fail("peer bell", &e))?;
+    Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_bell })
+}
+
+/// Once the peer's introduction named it: gives the peer our lane for it,
+/// and takes the peer's lane for us.  The peer's `Lane` must come from the
+/// process that introduced itself, with a lane that maps.
+fn exchange_lanes(socket: &OwnedFd, nic: &Nic, pid: i32, deadline: &Deadline) -> std::io::Result<LanePair> {
+    let refused = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
+    let lane_in = nic.lanes.for_peer(pid)?;
+    // A thread asleep in VipCQWait looks again, at this lane too.
+    nic.wake_cq_sleepers();
+    peer_channel::send(socket.as_fd(), &PeerMessage::Lane, Some(lane_in.queues.fd()))?;
+    let limit = Deadline::after_ms(deadline.next_sleep(HANDSHAKE).as_millis().min(u128::from(u64::MAX - 1)) as u64);
+    let got = peer_channel::recv(socket.as_fd(), Some(nic.closing.as_fd()), &limit)?
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, "no lane from the peer"))?;
+    match (got.msg, got.sender, got.fd) {
+        (PeerMessage::Lane, Some(sender), Some(fd)) if sender.pid == pid => {
+            Ok(LanePair { lane_in, lane_out: provider().peer_lanes.map(fd, Inbox::map)? })
+        }
+        (PeerMessage::Reject, ..) => Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "rejected")),
+        _ => Err(refused("no lane from the peer that introduced itself")),
+    }
 }
 
 /// The segments of the peer processes this process is connected to (their
@@ -248,7 +292,7 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
     let deadline = Deadline::after_ms(timeout_ms);
     loop {
         let incoming = agent(nic)
-            .listen(&nic.device.host_addr, &local.disc, &[], nic.inbox.fd(), deadline.remaining())
+            .listen(&nic.device.host_addr, &local.disc, &[], nic.bell.fd(), deadline.remaining())
             .map_err(agent_error)?;
         let (peer, answer) = match incoming.transport {
             client::Transport::Local(fds) => {
@@ -304,12 +348,15 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
     match answer {
         Answer::Local(parts, intro) => {
             vi.attach_segment(parts.seg.clone())?;
-            let conn = Arc::new(parts.into_conn(intro, pending.peer, vi));
-            if introduce(&conn.socket, PeerMessage::Accept(vi.endpoint()), vi).is_err() {
+            // Before we say Accept: a client that probes on it has our leave.
+            via_shm::cma::allow_peer(intro.sender.pid);
+            let lanes = introduce(&parts.socket, PeerMessage::Accept(vi.endpoint()), vi)
+                .and_then(|()| exchange_lanes(&parts.socket, &vi.nic, intro.sender.pid, &Deadline::after_ms(u64::MAX)));
+            let Ok(lanes) = lanes else {
                 vi.detach_segment();
                 return Err(ViaError::Timeout);
-            }
-            vi.connected(conn);
+            };
+            vi.connected(Arc::new(parts.into_conn(intro, lanes, pending.peer, vi)));
         }
         Answer::Remote { responder, endpoint } => {
             let family = if endpoint.addr.is_ipv6() { &[0u8; 16][..] } else { &[0u8; 4][..] };
@@ -430,7 +477,7 @@ fn request<'a>(vi: &'a Vi, remote: &'a NetAddress, local: &'a NetAddress, info: 
         remote_host: &remote.host,
         remote_disc: &remote.disc,
         info,
-        inbox: vi.nic.inbox.fd(),
+        inbox: vi.nic.bell.fd(),
         segment_bytes: CONN_SEGMENT_BYTES as u64,
     }
 }
@@ -467,7 +514,12 @@ fn shm_handshake(vi: &Vi, fds: ConnFds, side: Side, deadline: &Deadline, peer_mo
         _ if peer_model => return Err(ViaError::Timeout),
         _ => return Err(ViaError::Reject),
     };
-    Ok(Arc::new(parts.into_conn(intro, peer, vi)))
+    let lanes = exchange_lanes(&parts.socket, &vi.nic, intro.sender.pid, deadline).map_err(|e| match e.kind() {
+        std::io::ErrorKind::Interrupted => ViaError::InvalidParameter,
+        std::io::ErrorKind::ConnectionRefused => ViaError::Reject,
+        _ => ViaError::Timeout,
+    })?;
+    Ok(Arc::new(parts.into_conn(intro, lanes, peer, vi)))
 }
 
 /// Runs one rendezvous (client-server or peer) to a linked connection.

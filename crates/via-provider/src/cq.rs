@@ -1,9 +1,11 @@
 //! Completion queues, in the two designs of `VIA_CQ`.
 //!
-//! CQ1 (default): a CQ is one inbox of the NIC's inbox segment.  Whoever
-//! completes a descriptor of a queue attached to the CQ (this process, or
-//! the peer that delivered a message) pushes one entry, so `VipCQDone` pops
-//! in O(1) whatever the number of VIs.
+//! CQ1 (default): a CQ is one queue index of the NIC's inboxes.  Whoever
+//! completes a descriptor of a queue attached to the CQ pushes one entry:
+//! this process into its private inbox, a peer process that delivered a
+//! message into its own lane ([`crate::lane`]).  `VipCQDone` pops in O(1)
+//! whatever the number of VIs (one queue per peer process, not per VI), and
+//! takes an entry from a lane only if it names a VI connected through it.
 //!
 //! CQ2: nobody writes entries; `VipCQDone` polls the work queues attached
 //! to the CQ in turn, from where the last call stopped, and reports a
@@ -63,6 +65,8 @@ pub struct Cq {
     /// CQ2: the work queues attached (VI, receive queue?), scanned from `cursor`.
     members: Mutex<Vec<(Weak<Vi>, bool)>>,
     cursor: AtomicUsize,
+    /// CQ1: the lane to look at first.
+    lane_cursor: AtomicUsize,
 }
 
 thread_local! {
@@ -93,6 +97,7 @@ impl Cq {
                 destroyed: Default::default(),
                 members: Mutex::new(Vec::new()),
                 cursor: AtomicUsize::new(0),
+                lane_cursor: AtomicUsize::new(0),
             })
         }) {
             Some((h, _)) => Ok(h),
@@ -122,7 +127,7 @@ impl Cq {
         }
         provider().cqs.remove(handle);
         cq.destroyed.store(true, Ordering::Release);
-        cq.nic.inbox.wake(cq.index);
+        cq.nic.bell.ring(cq.index);
         cq.nic.release_cq_slot(cq.index);
         Ok(())
     }
@@ -156,7 +161,7 @@ impl Cq {
         if tuning().cq == CqMode::Scan {
             return;
         }
-        if !self.nic.inbox.push(self.index, entry.encode()) {
+        if !self.nic.inbox.push_and_ring(&self.nic.bell, self.index, entry.encode()) {
             self.overflowed();
         }
     }
@@ -187,18 +192,43 @@ impl Cq {
         poll_answer(found)
     }
 
-    /// CQ1: the next entry of the inbox that names a queue of this CQ.
+    /// CQ1: the next entry that names a queue of this CQ: this process's
+    /// own first, then the peers' lanes, from the one after the lane that
+    /// gave the last entry (no lane starves the others).
     fn pop_entry(&self) -> Option<CqEntry> {
         if self.nic.inbox.take_overflow(self.index) {
             self.overflowed();
         }
-        while let Some(word) = self.nic.inbox.pop(self.index) {
+        if let Some(entry) = self.pop_from(&self.nic.inbox, None) {
+            return Some(entry);
+        }
+        self.nic.lanes.with(|lanes| {
+            let start = self.lane_cursor.load(Ordering::Relaxed);
+            for k in 0..lanes.len() {
+                let at = (start + k) % lanes.len();
+                let lane = &lanes[at];
+                if lane.queues.take_overflow(self.index) {
+                    lane_overflowed(&self.nic, lane.id);
+                }
+                if let Some(entry) = self.pop_from(&lane.queues, Some(lane.id)) {
+                    self.lane_cursor.store(at + 1, Ordering::Relaxed);
+                    return Some(entry);
+                }
+            }
+            None
+        })
+    }
+
+    /// The next entry of `queues` that names a queue of this CQ; from a
+    /// lane (`lane`: its id), only one that names a VI connected through it.
+    fn pop_from(&self, queues: &via_shm::Inbox, lane: Option<u64>) -> Option<CqEntry> {
+        while let Some(word) = queues.pop(self.index) {
             let entry = CqEntry::decode(word);
-            // Entries may come from another process: only VIs of this CQ count.
             // Through the thread's last VI: the caller's next call is on this one.
             let mine = Vi::with(entry.vi, |vi| {
                 let cq = if entry.recv { &vi.recv_cq } else { &vi.send_cq };
-                let mine = cq.as_ref().is_some_and(|c| c.handle == self.handle);
+                let mine = cq.as_ref().is_some_and(|c| c.handle == self.handle)
+                    && lane.is_none_or(|id| vi.lane.load(Ordering::Acquire) == id);
                 if mine && entry.recv {
                     vi.prefetch_received();
                 }
@@ -252,9 +282,47 @@ impl Cq {
                 CqMode::Scan => SCAN_NAP,
             };
             let _port = self.nic.sleep_on_port();
-            self.nic.inbox.wait(self.index, Some(deadline.next_sleep(nap)));
+            self.sleep(deadline.next_sleep(nap));
         }
     }
+}
+
+impl Cq {
+    /// Sleeps until a producer rings this CQ's bell, a lane is added or
+    /// `nap` passes: says so in the private inbox and in every lane, so
+    /// that whoever pushes next rings, then checks them all once more.
+    fn sleep(&self, nap: Duration) {
+        let (nic, index) = (&self.nic, self.index);
+        let lanes = nic.lanes.snapshot();
+        let seq = nic.bell.seq(index);
+        nic.inbox.begin_sleep(index);
+        lanes.iter().for_each(|l| l.queues.begin_sleep(index));
+        let ready = nic.inbox.ready(index) || lanes.iter().any(|l| l.queues.ready(index));
+        if !ready && !self.destroyed.load(Ordering::Acquire) {
+            nic.bell.wait(index, seq, Some(nap));
+        }
+        nic.inbox.end_sleep(index);
+        lanes.iter().for_each(|l| l.queues.end_sleep(index));
+    }
+}
+
+/// A lane overflowed: its peer made more completions for a CQ than the
+/// lane holds (or claims to have).  Entries were lost, so the connections
+/// through that lane break; the CQ and other peers' connections go on.
+fn lane_overflowed(nic: &Arc<Nic>, lane: u64) {
+    tracing::warn!(lane, "a peer's completion lane overflowed: its connections break");
+    let vis: Vec<Handle> = nic
+        .shm_conns
+        .lock()
+        .iter()
+        .filter(|(_, conn)| conn.upgrade().is_some_and(|c| c.lane_in.id == lane))
+        .map(|(vi, _)| *vi)
+        .collect();
+    crate::progress::defer(Box::new(move || {
+        for vi in vis.into_iter().filter_map(|h| Vi::get(h).ok()) {
+            vi.break_connection(crate::vi::Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST });
+        }
+    }));
 }
 
 #[cfg(test)]

@@ -77,6 +77,10 @@ pub enum PeerMessage {
     /// The sender broke the connection; the code is a `VIP_ERROR_CODE` for
     /// the receiver, one of the specification's (checked when decoded).
     Break(u32),
+    /// "Push the completions you make for me into this lane": sent with
+    /// the lane's fd once the peer's introduction named it (one lane per
+    /// peer process, so it is chosen only then).
+    Lane,
 }
 
 impl PeerMessage {
@@ -98,6 +102,7 @@ impl PeerMessage {
                 out.push(5);
                 out.extend_from_slice(&code.to_le_bytes())
             }
+            PeerMessage::Lane => out.push(6),
         }
         out
     }
@@ -115,6 +120,7 @@ impl PeerMessage {
                 // The code reaches the application's error callback.
                 (code <= crate::nic::error_code::CATASTROPHIC).then_some(PeerMessage::Break(code))
             }
+            6 if rest.is_empty() => Some(PeerMessage::Lane),
             _ => None,
         }
     }
@@ -141,6 +147,7 @@ mod tests {
             PeerMessage::Reject,
             PeerMessage::Disconnect,
             PeerMessage::Break(4),
+            PeerMessage::Lane,
         ] {
             assert_eq!(PeerMessage::decode(&m.encode()), Some(m));
         }

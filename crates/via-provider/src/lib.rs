@@ -15,6 +15,7 @@ mod doorbell;
 pub mod endpoint;
 mod ether;
 pub mod handles;
+pub mod lane;
 pub mod names;
 mod neighbours;
 pub mod net;
@@ -53,8 +54,10 @@ pub struct Provider {
     pub cqs: Table<Cq>,
     /// Connection requests returned by `VipConnectWait` and not yet answered.
     pub conns: Table<connect::PendingConn>,
-    /// The inbox segments of connected peer processes.
-    pub peer_inboxes: connect::PeerMappings<via_shm::Inbox>,
+    /// The lanes connected peer processes gave this process to push into.
+    pub peer_lanes: connect::PeerMappings<via_shm::Inbox>,
+    /// The bells of connected peer processes.
+    pub peer_bells: connect::PeerMappings<via_shm::Bell>,
     /// The registry tables of connected peer processes (read-only).
     pub peer_tables: connect::PeerMappings<via_shm::TableSegment>,
 }
@@ -68,7 +71,8 @@ pub fn provider() -> &'static Provider {
         vis: Table::new(Kind::Vi, 4 * via_core::consts::limits::MAX_VI as u32),
         cqs: Table::new(Kind::Cq, 4 * via_core::consts::limits::MAX_CQ as u32),
         conns: Table::new(Kind::Conn, 4096),
-        peer_inboxes: Default::default(),
+        peer_lanes: Default::default(),
+        peer_bells: Default::default(),
         peer_tables: Default::default(),
     })
 }

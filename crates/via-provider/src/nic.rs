@@ -9,6 +9,7 @@ use std::sync::Arc;
 use via_core::consts::limits;
 use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{Registry, TABLE_BYTES};
+use via_shm::bell::Bell;
 use via_shm::inbox::{Inbox, INBOXES};
 use via_shm::table::{TableSegment, TABLE_SEGMENT_BYTES};
 
@@ -68,8 +69,14 @@ pub struct Nic {
     _session: viad::client::Session,
     /// Registered memory, its table published in `table`.
     pub registry: Registry,
-    /// Completion-queue inboxes, shared with peers (who push into them).
+    /// The completions this process's own threads make, one queue per CQ
+    /// index; never shared.
     pub inbox: Inbox,
+    /// The connected peer processes' lanes into the CQs ([`crate::lane`]).
+    pub lanes: crate::lane::Lanes,
+    /// What `VipCQWait` sleeps on, one word per CQ index: shared with every
+    /// peer, which rings it after pushing into its lane.
+    pub bell: Bell,
     /// The registry's table, shared read-only with peers.
     pub table: TableSegment,
     cq_slots: Mutex<Vec<bool>>,
@@ -122,6 +129,7 @@ impl Nic {
             }
         })?;
         let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
+        let bell = Bell::create().map_err(|_| ViaError::Resource)?;
         let table = TableSegment::create().map_err(|_| ViaError::Resource)?;
         // SAFETY: the table segment is zeroed, page aligned, large enough
         // (the assertion at the top of this file), writable here, written
@@ -143,6 +151,8 @@ impl Nic {
                     _session: session,
                     registry,
                     inbox,
+                    lanes: Default::default(),
+                    bell,
                     table,
                     cq_slots: Mutex::new(vec![false; INBOXES]),
                     next_ptag: AtomicU32::new(1),
@@ -265,7 +275,17 @@ impl Nic {
         let index = slots.iter().position(|used| !used).ok_or(ViaError::Resource)?;
         slots[index] = true;
         self.inbox.reset(index);
+        self.lanes.reset(index);
         Ok(index)
+    }
+
+    /// Wakes every thread asleep in `VipCQWait` on this NIC, so that it
+    /// looks at a lane added since it fell asleep.
+    pub(crate) fn wake_cq_sleepers(&self) {
+        let slots = self.cq_slots.lock();
+        for (index, _) in slots.iter().enumerate().filter(|(_, used)| **used) {
+            self.bell.ring(index);
+        }
     }
 
     /// Returns a CQ inbox index.

@@ -24,7 +24,7 @@ use crate::{progress, provider};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use via_core::consts::*;
@@ -267,6 +267,9 @@ pub struct Vi {
     /// for a CQ poll that names this VI to prefetch before `VipRecvDone`
     /// reads it.  A hint only: a prefetch never faults, whatever is mapped.
     rx_slot: AtomicUsize,
+    /// The lane of the peer process this VI is connected to (0: none): CQ
+    /// entries for this VI count only from that lane ([`crate::lane`]).
+    pub(crate) lane: AtomicU64,
     /// Futex word for waiters that have no ring to sleep on.
     wake_word: AtomicU32,
     sleepers: AtomicUsize,
@@ -330,6 +333,7 @@ impl Vi {
                 net: Mutex::new(None),
                 networked: AtomicBool::new(false),
                 rx_slot: AtomicUsize::new(0),
+                lane: AtomicU64::new(0),
                 wake_word: AtomicU32::new(0),
                 sleepers: AtomicUsize::new(0),
                 peer_outcome: Mutex::new(None),
@@ -553,6 +557,7 @@ impl Vi {
         let _r = self.recv.lock();
         let mut s = self.send.lock();
         cma::allow_peer(conn.peer_pid);
+        self.lane.store(conn.lane_in.id, Ordering::Release);
         self.nic.shm_conns.lock().push((self.handle, Arc::downgrade(&conn)));
         s.conn = Some(conn.clone());
         self.set_state(ViState::Connected);
@@ -1484,7 +1489,7 @@ fn deliver(
         return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
     }
     if conn.peer.recv_cq != NO_CQ {
-        conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
+        conn.complete_peer_receive();
     }
     if kind == SLOT_SEND && hdr.status == 0 {
         tally.add(Counter::MsgsSent, 1);
@@ -1631,7 +1636,7 @@ fn ring_write(
         return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
     }
     if wr.immediate.is_some() && conn.peer.recv_cq != NO_CQ {
-        conn.peer_inbox.push(conn.peer.recv_cq as usize, CqEntry { vi: conn.peer.vi, recv: true }.encode());
+        conn.complete_peer_receive();
     }
     tally.add(Counter::RdmaWrites, 1);
     (0, total, None)

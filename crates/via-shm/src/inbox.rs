@@ -1,8 +1,15 @@
-//! The per-process completion-queue inbox segment: one bounded queue of u64
-//! entries per CQ index, pushed by any process (multi-producer, lock-free)
-//! and popped by the owner.  Only queues live here: what peers may only
-//! read (the registry's table) has a segment of its own
-//! ([`crate::table`]), since every holder of this fd may map it writable.
+//! Completion-queue inboxes: one bounded queue of u64 entries per CQ
+//! index, pushed by several threads (multi-producer, lock-free) and popped
+//! by the owner.
+//!
+//! A process has one private inbox for the completions its own threads
+//! make, and one *lane* per peer process it is connected to: an inbox
+//! segment that only it and that peer map, into which the peer pushes the
+//! completions it makes for this process.  A peer can so write nothing but
+//! its own lane: forge, stall or corrupt entries there, never another
+//! peer's or this process's own.  Nobody sleeps on an inbox itself: the
+//! owner sleeps on its [`Bell`](crate::bell::Bell), which a producer rings
+//! when the queue it pushed into says the owner may be asleep.
 //!
 //! Each queue is Vyukov's bounded MPMC queue: every cell carries a sequence
 //! number telling producers and the consumer whose turn it is.  Cell `i`
@@ -14,9 +21,8 @@ use std::io;
 use std::mem::size_of;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
-use std::time::Duration;
 
-use crate::futex::{futex_wait, futex_wake};
+use crate::bell::Bell;
 use crate::layout::{at, CacheLine};
 use crate::SharedRegion;
 
@@ -28,7 +34,7 @@ pub const INBOX_ENTRIES: usize = 4096;
 #[repr(C)]
 struct InboxCtl {
     enqueue: CacheLine<AtomicU64>,
-    futex: CacheLine<AtomicU32>,
+    /// Threads of the owner that may be asleep on this queue's bell.
     sleeping: CacheLine<AtomicU32>,
     overflow: CacheLine<AtomicU32>,
 }
@@ -40,7 +46,8 @@ struct Cell {
 }
 
 const CTL_BYTES: usize = size_of::<InboxCtl>();
-const QUEUE_BYTES: usize = CTL_BYTES + INBOX_ENTRIES * size_of::<Cell>();
+/// Bytes of one queue: its control lines (the enqueue position first), then its cells.
+pub const QUEUE_BYTES: usize = CTL_BYTES + INBOX_ENTRIES * size_of::<Cell>();
 /// Size of an inbox segment.
 pub const INBOX_SEGMENT_BYTES: usize = INBOXES * QUEUE_BYTES;
 /// Bound on a producer's retries against a segment that keeps changing.
@@ -49,7 +56,7 @@ const PUSH_RETRIES: usize = 1 << 20;
 const _: () = assert!(INBOX_ENTRIES.is_power_of_two() && QUEUE_BYTES.is_multiple_of(64));
 const _: () = assert!(INBOX_SEGMENT_BYTES.is_multiple_of(4096));
 
-/// A mapped inbox segment, as its owner or as a producer.
+/// A mapped inbox segment (the private inbox or a lane), as its owner or as a producer.
 pub struct Inbox {
     region: SharedRegion,
     /// The owner's read positions, one per queue.
@@ -57,16 +64,23 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    /// Creates and maps a fresh segment (for its owner).
+    /// Creates and maps a fresh private inbox, populated (its fd is never
+    /// handed to anyone).
     pub fn create() -> io::Result<Inbox> {
         Self::wrap(SharedRegion::create("openvia-inbox", INBOX_SEGMENT_BYTES)?)
     }
 
-    /// Maps a segment received from its owner (to push into it); anything
-    /// but a sealed memfd of exactly [`INBOX_SEGMENT_BYTES`] is refused
-    /// before it is mapped.
+    /// Creates a lane, for one peer to push into: its pages are allocated
+    /// as the queues of the CQs that exist are used.
+    pub fn create_lane() -> io::Result<Inbox> {
+        Self::wrap(SharedRegion::create_lazy("openvia-lane", INBOX_SEGMENT_BYTES)?)
+    }
+
+    /// Maps a lane received from its owner (to push into it); anything but
+    /// a sealed memfd of exactly [`INBOX_SEGMENT_BYTES`] is refused before
+    /// it is mapped.
     pub fn map(fd: OwnedFd) -> io::Result<Inbox> {
-        Self::wrap(SharedRegion::map_exact(fd, INBOX_SEGMENT_BYTES)?)
+        Self::wrap(SharedRegion::map_exact_lazy(fd, INBOX_SEGMENT_BYTES)?)
     }
 
     fn wrap(region: SharedRegion) -> io::Result<Inbox> {
@@ -95,9 +109,25 @@ impl Inbox {
         (unsafe { at(self.region.as_ptr(), off) }, i)
     }
 
-    /// Pushes `entry` into queue `index`.  Returns false when the queue is
-    /// full (and then sets its overflow flag), when `index` is out of range,
-    /// or when the segment is corrupt.  Wakes a sleeping owner.
+    /// Pushes `entry` into queue `index` and rings `bell` if the owner may
+    /// be asleep on it.  Returns false when the queue is full (and then
+    /// sets its overflow flag, and rings), when `index` is out of range, or
+    /// when the segment is corrupt.
+    pub fn push_and_ring(&self, bell: &Bell, index: usize, entry: u64) -> bool {
+        let pushed = self.push(index, entry);
+        if let Some(ctl) = self.ctl(index) {
+            // Pairs with the fence in `begin_sleep`: either we see the
+            // sleeper or it sees the entry.
+            fence(SeqCst);
+            if ctl.sleeping.load(SeqCst) != 0 {
+                bell.ring(index);
+            }
+        }
+        pushed
+    }
+
+    /// Pushes `entry` into queue `index`, as [`Inbox::push_and_ring`] but
+    /// ringing nothing.
     pub fn push(&self, index: usize, entry: u64) -> bool {
         let Some(ctl) = self.ctl(index) else {
             return false;
@@ -111,7 +141,6 @@ impl Inbox {
                     Ok(_) => {
                         cell.data.store(entry, Relaxed);
                         cell.seq.store(pos.wrapping_add(1).wrapping_sub(i), Release);
-                        notify(ctl);
                         return true;
                     }
                     Err(now) => pos = now,
@@ -119,7 +148,6 @@ impl Inbox {
             } else if diff < 0 {
                 // The cell still holds an entry from the previous lap.
                 ctl.overflow.store(1, SeqCst);
-                notify(ctl);
                 return false;
             } else {
                 let now = ctl.enqueue.load(Relaxed);
@@ -170,29 +198,29 @@ impl Inbox {
         self.ctl(index).is_some_and(|c| c.overflow.swap(0, SeqCst) != 0)
     }
 
-    /// Owner: sleeps until something is pushed into queue `index`, `wake` is
-    /// called or `timeout` passes.  Returns at once if an entry or an
-    /// overflow is waiting; spurious returns are possible.
-    pub fn wait(&self, index: usize, timeout: Option<Duration>) {
-        let Some(ctl) = self.ctl(index) else { return };
-        ctl.sleeping.fetch_add(1, SeqCst);
-        fence(SeqCst);
-        let seq = ctl.futex.load(SeqCst);
-        let pos = self.dequeue[index].load(Relaxed);
-        let (cell, i) = self.cell(index, pos);
-        let ready = cell.seq.load(SeqCst).wrapping_add(i) == pos.wrapping_add(1);
-        if !ready && ctl.overflow.load(SeqCst) == 0 {
-            futex_wait(&ctl.futex, seq, timeout);
+    /// Owner: says that a thread may sleep on queue `index`'s bell, so
+    /// that producers ring it.  Then check [`Inbox::ready`] before sleeping,
+    /// and call [`Inbox::end_sleep`] after.
+    pub fn begin_sleep(&self, index: usize) {
+        if let Some(ctl) = self.ctl(index) {
+            ctl.sleeping.fetch_add(1, SeqCst);
         }
-        ctl.sleeping.fetch_sub(1, SeqCst);
+        fence(SeqCst);
     }
 
-    /// Wakes every thread sleeping in `wait` on queue `index`.
-    pub fn wake(&self, index: usize) {
+    /// Owner: the thread of [`Inbox::begin_sleep`] is awake again.
+    pub fn end_sleep(&self, index: usize) {
         if let Some(ctl) = self.ctl(index) {
-            ctl.futex.fetch_add(1, SeqCst);
-            futex_wake(&ctl.futex, i32::MAX);
+            ctl.sleeping.fetch_sub(1, SeqCst);
         }
+    }
+
+    /// Owner: whether an entry or an overflow waits in queue `index`.
+    pub fn ready(&self, index: usize) -> bool {
+        let Some(ctl) = self.ctl(index) else { return false };
+        let pos = self.dequeue[index].load(Relaxed);
+        let (cell, i) = self.cell(index, pos);
+        cell.seq.load(SeqCst).wrapping_add(i) == pos.wrapping_add(1) || ctl.overflow.load(SeqCst) != 0
     }
 
     /// Owner: empties queue `index` and clears its overflow flag, for a CQ
@@ -206,23 +234,15 @@ impl Inbox {
         }
         ctl.enqueue.store(0, Relaxed);
         ctl.overflow.store(0, Relaxed);
+        ctl.sleeping.store(0, Relaxed);
         self.dequeue[index].store(0, Release);
-    }
-}
-
-/// Bumps the queue's futex word and wakes the owner if it sleeps.
-fn notify(ctl: &InboxCtl) {
-    ctl.futex.fetch_add(1, SeqCst);
-    // Pairs with the fence in `wait`: either we see the sleeper or it sees the entry.
-    fence(SeqCst);
-    if ctl.sleeping.load(SeqCst) != 0 {
-        futex_wake(&ctl.futex, i32::MAX);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn fifo_overflow_and_reset() {
@@ -255,8 +275,9 @@ mod tests {
         assert!(!inbox.push(INBOXES, 1));
         assert_eq!(inbox.pop(INBOXES), None);
         assert!(!inbox.take_overflow(usize::MAX));
-        inbox.wait(INBOXES, Some(Duration::ZERO));
-        inbox.wake(INBOXES);
+        inbox.begin_sleep(INBOXES);
+        inbox.end_sleep(INBOXES);
+        assert!(!inbox.ready(INBOXES));
         inbox.reset(INBOXES);
         // A cell claiming to be several laps ahead.
         let (cell, _) = inbox.cell(3, 0);
@@ -282,14 +303,59 @@ mod tests {
     }
 
     #[test]
-    fn wait_times_out_and_returns_for_entries() {
-        let inbox = Inbox::create().unwrap();
+    fn a_push_rings_the_bell_only_while_the_owner_may_sleep() {
+        let owner = Inbox::create_lane().unwrap();
+        let producer = Inbox::map(owner.fd().try_clone_to_owned().unwrap()).unwrap();
+        let bell = Bell::create().unwrap();
+        let rung = |bell: &Bell, before: u32| bell.seq(1) != before;
+        let before = bell.seq(1);
+        assert!(producer.push_and_ring(&bell, 1, 3));
+        assert!(!rung(&bell, before), "nobody sleeps: no ring");
+        assert!(owner.ready(1));
+        assert_eq!(owner.pop(1), Some(3));
+        assert!(!owner.ready(1));
+        owner.begin_sleep(1);
+        let before = bell.seq(1);
+        assert!(producer.push_and_ring(&bell, 1, 4));
+        assert!(rung(&bell, before));
+        owner.end_sleep(1);
+        // A full queue rings too, and says so.
+        owner.begin_sleep(2);
+        for i in 0..INBOX_ENTRIES as u64 {
+            assert!(producer.push(2, i));
+        }
+        let before = bell.seq(2);
+        assert!(!producer.push_and_ring(&bell, 2, 9));
+        assert!(rung(&bell, before));
+        assert!(owner.take_overflow(2));
+        owner.end_sleep(2);
+    }
+
+    #[test]
+    fn the_owner_sleeps_until_a_producer_rings() {
+        let owner = Inbox::create_lane().unwrap();
+        let producer = Inbox::map(owner.fd().try_clone_to_owned().unwrap()).unwrap();
+        let bell = Bell::create().unwrap();
+        let peer_bell = Bell::map(bell.fd().try_clone_to_owned().unwrap()).unwrap();
         let t = std::time::Instant::now();
-        inbox.wait(1, Some(Duration::from_millis(50)));
-        assert!(t.elapsed() >= Duration::from_millis(45));
-        inbox.push(1, 3);
-        let t = std::time::Instant::now();
-        inbox.wait(1, Some(Duration::from_secs(10)));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                producer.push_and_ring(&peer_bell, 5, 1);
+            });
+            loop {
+                let seq = bell.seq(5);
+                owner.begin_sleep(5);
+                if !owner.ready(5) {
+                    bell.wait(5, seq, Some(Duration::from_secs(10)));
+                }
+                owner.end_sleep(5);
+                if let Some(v) = owner.pop(5) {
+                    assert_eq!(v, 1);
+                    break;
+                }
+            }
+        });
         assert!(t.elapsed() < Duration::from_secs(5));
     }
 }

@@ -4,7 +4,8 @@
 //! This crate is mechanism only; the provider decides policy.  It offers
 //! memfd-backed [`SharedRegion`]s, shared futexes, cross-memory attach
 //! ([`cma`]), the per-connection [`ConnSegment`] (two [`Ring`]s and two
-//! [`RecvCache`]s) the per-process completion-queue [`Inbox`] and the registry's
+//! [`RecvCache`]s), the completion-queue [`Inbox`]es (one private, one lane
+//! per peer) and the [`Bell`] their owner sleeps on, and the registry's
 //! [`TableSegment`].
 //!
 //! Memory shared with another process is untrusted: every index, length,
@@ -14,6 +15,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bell;
 pub mod cma;
 pub mod conn;
 mod error;
@@ -26,6 +28,7 @@ pub mod ring;
 pub mod stats;
 pub mod table;
 
+pub use bell::{Bell, BELL_SEGMENT_BYTES};
 pub use conn::{ConnSegment, CopyGuard, Side, CONN_SEGMENT_BYTES, CONN_VERSION};
 pub use error::ShmError;
 pub use futex::{futex_wait, futex_wake};

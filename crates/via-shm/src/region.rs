@@ -27,7 +27,18 @@ impl SharedRegion {
     /// Creates an anonymous memfd of `len` bytes (close-on-exec, sealed
     /// against resizing) and maps it.
     pub fn create(name: &str, len: usize) -> io::Result<SharedRegion> {
-        let region = Self::create_unsealed(name, len)?;
+        Self::create_sealed(name, len, Populate::Now)
+    }
+
+    /// As [`SharedRegion::create`], but pages are allocated when first
+    /// touched: for large segments of which a process uses a small part
+    /// (a completion lane: only the queues of the CQs that exist).
+    pub fn create_lazy(name: &str, len: usize) -> io::Result<SharedRegion> {
+        Self::create_sealed(name, len, Populate::OnTouch)
+    }
+
+    fn create_sealed(name: &str, len: usize, populate: Populate) -> io::Result<SharedRegion> {
+        let region = Self::create_unsealed(name, len, populate)?;
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: fcntl on our own fd.
         if unsafe { libc::fcntl(region.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
@@ -41,7 +52,7 @@ impl SharedRegion {
     /// mapping (`F_SEAL_FUTURE_WRITE`), so that a process that receives the
     /// fd can map it read-only and nothing else, however it reopens it.
     pub fn create_owner_written(name: &str, len: usize) -> io::Result<SharedRegion> {
-        let region = Self::create_unsealed(name, len)?;
+        let region = Self::create_unsealed(name, len, Populate::Now)?;
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
         // SAFETY: fcntl on our own fd.
         if unsafe { libc::fcntl(region.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
@@ -50,7 +61,7 @@ impl SharedRegion {
         Ok(region)
     }
 
-    fn create_unsealed(name: &str, len: usize) -> io::Result<SharedRegion> {
+    fn create_unsealed(name: &str, len: usize, populate: Populate) -> io::Result<SharedRegion> {
         let size = libc::off_t::try_from(len)
             .ok()
             .filter(|&s| s > 0)
@@ -66,7 +77,7 @@ impl SharedRegion {
             if libc::ftruncate(fd.as_raw_fd(), size) < 0 {
                 return Err(io::Error::last_os_error());
             }
-            Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+            Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, populate)
         }
     }
 
@@ -76,7 +87,7 @@ impl SharedRegion {
     /// else (a regular file, an unsealable memfd) is refused.
     pub fn map(fd: OwnedFd) -> io::Result<SharedRegion> {
         let len = Self::sealed_len(&fd)?;
-        Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+        Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, Populate::Now)
     }
 
     /// Maps a memfd received from another process if it is exactly `len`
@@ -84,7 +95,15 @@ impl SharedRegion {
     /// peer cannot make this process map (and populate) more than it chose.
     pub fn map_exact(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
         match Self::sealed_len(&fd)? {
-            l if l == len => Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE),
+            l if l == len => Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, Populate::Now),
+            _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
+        }
+    }
+
+    /// As [`SharedRegion::map_exact`], with pages mapped when first touched.
+    pub fn map_exact_lazy(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
+        match Self::sealed_len(&fd)? {
+            l if l == len => Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, Populate::OnTouch),
             _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
         }
     }
@@ -94,7 +113,7 @@ impl SharedRegion {
     /// through [`SharedRegion::as_ptr`] of such a region.
     pub fn map_read_only(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
         match Self::sealed_len(&fd)? {
-            l if l == len => Self::mmap(fd, len, libc::PROT_READ),
+            l if l == len => Self::mmap(fd, len, libc::PROT_READ, Populate::Now),
             _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
         }
     }
@@ -124,10 +143,14 @@ impl SharedRegion {
             .ok_or_else(|| invalid(io::ErrorKind::InvalidData, "empty shared region"))
     }
 
-    fn mmap(fd: OwnedFd, len: usize, prot: libc::c_int) -> io::Result<SharedRegion> {
-        // Populated now, so that the data path never takes a page fault (a
-        // ring's slots are first written one page at a time otherwise).
-        let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
+    fn mmap(fd: OwnedFd, len: usize, prot: libc::c_int, populate: Populate) -> io::Result<SharedRegion> {
+        // Populated now unless asked otherwise, so that the data path never
+        // takes a page fault (a ring's slots are first written one page at
+        // a time otherwise).
+        let flags = match populate {
+            Populate::Now => libc::MAP_SHARED | libc::MAP_POPULATE,
+            Populate::OnTouch => libc::MAP_SHARED,
+        };
         // SAFETY: a fresh shared mapping of a file that cannot shrink below `len`.
         let p = unsafe { libc::mmap(ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
@@ -176,6 +199,13 @@ impl Drop for SharedRegion {
         // SAFETY: unmaps exactly the mapping made in `mmap`.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
+}
+
+/// When the pages of a mapping are allocated.
+#[derive(Clone, Copy)]
+enum Populate {
+    Now,
+    OnTouch,
 }
 
 fn invalid(kind: io::ErrorKind, msg: &'static str) -> io::Error {

@@ -15,6 +15,7 @@
 //! via-hostile table-write DISC               tries to write the victim's registry table
 //! via-hostile break-code DISC                breaks the connection with a code not in the specification
 //! via-hostile rdma-write DISC DIR            RDMA writes through the ring the victim must refuse
+//! via-hostile cq-lanes DISC DIR              forges, stalls and floods CQ entries in its lane
 //! via-hostile silent DISC SECONDS            connects and never says Ready
 //! via-hostile big-segment DISC               asks for a 256 MiB connection segment
 //! via-hostile impostor NAME DIR SECONDS       poses as the agent on @NAME; writes what it got to DIR
@@ -24,13 +25,14 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use via_core::consts::SERVICE_UNRELIABLE;
 use via_provider::endpoint::{Endpoint, PeerMessage, NO_CQ};
 use via_provider::peer_channel;
 use via_provider::timeout::Deadline;
-use via_shm::{ConnSegment, Inbox, RecvSeg, SharedRegion, Side, TableSegment, CONN_SEGMENT_BYTES};
+use via_shm::{Bell, ConnSegment, Inbox, RecvSeg, SharedRegion, Side, TableSegment, CONN_SEGMENT_BYTES};
 use viad::client::{self, ConnFds, Request, Session};
 
 /// The VI attributes both sides of every attack use (victim.c agrees).
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         ["table-write", disc] => table_write(disc),
         ["break-code", disc] => break_code(disc),
         ["rdma-write", disc, dir] => rdma_write(disc, Path::new(dir)),
+        ["cq-lanes", disc, dir] => cq_lanes(disc, Path::new(dir)),
         ["silent", disc, secs] => silent(disc, parse(secs)),
         ["big-segment", disc] => big_segment(disc),
         ["impostor", name, dir, secs] => impostor(name, Path::new(dir), parse(secs)),
@@ -120,10 +123,10 @@ fn bystander(dir: &Path, addr: u64) -> Outcome {
 }
 
 /// What an attacker holds to connect through the agent: a session, its
-/// own CQ inbox and registry table, the host's address.
+/// own bell and registry table, the host's address.
 struct Attacker {
     _session: Session,
-    inbox: Inbox,
+    bell: Bell,
     table: TableSegment,
     host: Vec<u8>,
 }
@@ -131,9 +134,9 @@ struct Attacker {
 impl Attacker {
     fn new() -> Result<Attacker, String> {
         let (session, info) = Session::open("/dev/via_lo").map_err(|e| format!("open /dev/via_lo: {e}"))?;
-        let inbox = Inbox::create().map_err(|e| e.to_string())?;
+        let bell = Bell::create().map_err(|e| e.to_string())?;
         let table = TableSegment::create().map_err(|e| e.to_string())?;
-        Ok(Attacker { _session: session, inbox, table, host: info.host_addr })
+        Ok(Attacker { _session: session, bell, table, host: info.host_addr })
     }
 
     /// Asks the agent for the listener on `disc`.
@@ -145,7 +148,7 @@ impl Attacker {
             remote_host: &self.host,
             remote_disc: disc.as_bytes(),
             info: &[],
-            inbox: self.inbox.fd(),
+            inbox: self.bell.fd(),
             segment_bytes,
         };
         let matched = client::connect(&req, Duration::from_secs(20))?;
@@ -166,20 +169,48 @@ impl Attacker {
         let accept = peer_channel::recv(fds.socket.as_fd(), None, &Deadline::after_ms(20_000))
             .map_err(|e| format!("waiting for Accept: {e}"))?
             .ok_or("no Accept within 20 s")?;
-        match accept.msg {
-            PeerMessage::Accept(_) => {}
+        let victim = match accept.msg {
+            PeerMessage::Accept(e) => e,
             other => return Err(format!("the victim answered {other:?}")),
-        }
+        };
         let table = accept.fd.ok_or("the Accept brought no registry table")?;
-        Ok(Connection { _seg: seg, socket: fds.socket, victim_table: table })
+        let victim_lane = exchange_lanes(&fds.socket)?;
+        Ok(Connection {
+            _seg: seg,
+            socket: fds.socket,
+            victim,
+            victim_table: table,
+            victim_lane,
+            victim_bell: fds.peer_inbox,
+        })
     }
+}
+
+/// After the victim's Accept: takes the lane the victim gives this peer
+/// (for the completions it makes for the victim) and gives one back.
+fn exchange_lanes(socket: &OwnedFd) -> Result<OwnedFd, String> {
+    let got = peer_channel::recv(socket.as_fd(), None, &Deadline::after_ms(20_000))
+        .map_err(|e| format!("waiting for the victim's lane: {e}"))?
+        .ok_or("no lane within 20 s")?;
+    if got.msg != PeerMessage::Lane {
+        return Err(format!("the victim sent {:?} instead of its lane", got.msg));
+    }
+    let lane = got.fd.ok_or("the victim's Lane brought no fd")?;
+    let mine = Inbox::create_lane().map_err(|e| e.to_string())?;
+    peer_channel::send(socket.as_fd(), &PeerMessage::Lane, Some(mine.fd())).map_err(|e| format!("Lane: {e}"))?;
+    Ok(lane)
 }
 
 /// An established connection to the victim.
 struct Connection {
     _seg: ConnSegment,
     socket: OwnedFd,
+    /// The endpoint the victim stated in its Accept.
+    victim: Endpoint,
     victim_table: OwnedFd,
+    /// The lane the victim gave this peer, and its bell.
+    victim_lane: OwnedFd,
+    victim_bell: OwnedFd,
 }
 
 /// The endpoint an attacker states: what victim.c's VI expects.
@@ -233,6 +264,7 @@ fn forge_pid(disc: &str, dir: &Path, addr: u64, len: u64) -> Outcome {
     if !matches!(accept.msg, PeerMessage::Accept(_)) {
         return Err(format!("the victim answered {:?}", accept.msg));
     }
+    let _lane = exchange_lanes(&fds.socket)?;
     // SAFETY: `here` is `len` bytes of our own mapping.
     let mem = unsafe { std::slice::from_raw_parts(here, len) };
     let until = Instant::now() + Duration::from_secs(20);
@@ -393,6 +425,74 @@ fn rdma_write(disc: &str, dir: &Path) -> Outcome {
     // Keep the connection until the victim has seen it all.
     std::thread::sleep(Duration::from_secs(2));
     Ok(())
+}
+
+/// Attacks the victim's CQ through the lane the victim gave this peer:
+/// entries naming the victim's VI of another peer (which the victim must
+/// not take from this lane), entries naming its own VI with nothing behind
+/// them, send-queue entries, garbage; rings the victim's bell over and
+/// over; claims a cell and never fills it (this lane stalls); then fills
+/// the lane until it overflows.  The victim takes every message of its
+/// honest peer through the same CQ meanwhile, and must break this peer's
+/// connection (and only it) over the overflow.
+fn cq_lanes(disc: &str, dir: &Path) -> Outcome {
+    use via_provider::cq::CqEntry;
+    let attacker = Attacker::new()?;
+    let conn = attacker.handshake(disc, |_| Ok(()))?;
+    let text = await_file(&dir.join("cq.vis"))?;
+    let v: Vec<u64> = text.split_whitespace().map(parse).collect();
+    let [honest, mine] = v[..] else {
+        return Err(format!("bad cq.vis: {text:?}"));
+    };
+    let index = conn.victim.recv_cq as usize;
+    let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| e.to_string());
+    let lane = Inbox::map(dup(&conn.victim_lane)?).map_err(|e| format!("the victim's lane: {e}"))?;
+    let bell = Bell::map(dup(&conn.victim_bell)?).map_err(|e| format!("the victim's bell: {e}"))?;
+    let entry = |vi: u64, recv: bool| CqEntry { vi, recv }.encode();
+    for _ in 0..100 {
+        lane.push_and_ring(&bell, index, entry(honest, true));
+        lane.push_and_ring(&bell, index, entry(honest, false));
+        lane.push_and_ring(&bell, index, entry(mine, true));
+        lane.push_and_ring(&bell, index, u64::MAX);
+    }
+    for _ in 0..10_000 {
+        bell.ring(index);
+    }
+    // A cell claimed and never filled: the victim's queue of this lane stalls there.
+    let raw =
+        SharedRegion::map_exact(dup(&conn.victim_lane)?, via_shm::INBOX_SEGMENT_BYTES).map_err(|e| e.to_string())?;
+    // SAFETY: the queue's first word (its enqueue position) lies inside the mapping.
+    let enqueue = unsafe { &*raw.as_ptr().add(index * via_shm::inbox::QUEUE_BYTES).cast::<AtomicU64>() };
+    enqueue.fetch_add(1, Ordering::SeqCst);
+    let mut pushed = 0;
+    while lane.push_and_ring(&bell, index, entry(honest, true)) {
+        pushed += 1;
+        if pushed > 2 * via_shm::INBOX_ENTRIES {
+            return Err("the lane never filled".into());
+        }
+    }
+    std::fs::write(dir.join("cq.attacked"), b"").map_err(|e| e.to_string())?;
+    // The victim breaks this connection once it sees the overflow.
+    let got = peer_channel::recv(conn.socket.as_fd(), None, &Deadline::after_ms(20_000))
+        .map_err(|e| format!("waiting for the victim to break the connection: {e}"))?;
+    match got.map(|g| g.msg) {
+        Some(PeerMessage::Break(_)) | Some(PeerMessage::Disconnect) => Ok(()),
+        other => Err(format!("the victim did not break the connection of a peer that overflowed its lane: {other:?}")),
+    }
+}
+
+/// Waits up to 20 s for `file` and returns what it holds.
+fn await_file(file: &Path) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(t) = std::fs::read_to_string(file) {
+            return Ok(t);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no {}", file.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Connects, maps nothing and never says Ready, holding the connection for
