@@ -3,7 +3,9 @@
 //! A send is carried out by the posting thread inside `post_send`: the
 //! message is copied inline into the ring or written with one cross-memory
 //! copy into the receive buffer the peer published, so a send descriptor is
-//! complete when `post_send` returns.  Receives complete when the owner
+//! complete when `post_send` returns; an RDMA read through the ring (where
+//! the kernel forbids cross-memory attach) stays in flight until its answer
+//! is drained (`ring_read`).  Receives complete when the owner
 //! polls its ring (`recv_done`, `recv_wait`, via a CQ).  Lock order: `recv`
 //! before `send`.
 
