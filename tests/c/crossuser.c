@@ -19,6 +19,18 @@
  * without RDMA write enable, on a reliable VI: nothing lands, and the
  * connection breaks with VIP_ERROR_RDMAW_PROT reported at both ends.
  *
+ * Then RDMA reads, 4 B to 2 MiB: the child's reads of the parent's memory
+ * go through the ring (the parent checks each request against its own
+ * registry and answers through its ring as it polls its receive queue);
+ * the parent's reads of the child's memory go by cross-memory attach.
+ * Reads one way, on both reliable levels, then both ways at once; every
+ * byte checked along with the bytes around it.  A read of memory
+ * registered without RDMA read enable brings nothing, completes with
+ * VIP_STATUS_RDMA_PROT_ERROR and breaks the connection with
+ * VIP_ERROR_RDMAR_PROT at both ends.  Last, two processes of two other
+ * users (65533 and 65534), neither of which may attach to the other, read
+ * from each other at once, every read through the ring both ways.
+ *
  * Not root: prints a skip line and exits 0.
  */
 #include "vt.h"
@@ -249,6 +261,221 @@ static void run_rdma(int fd, int parent)
     }
 }
 
+/* ---- RDMA reads ---------------------------------------------------- */
+
+/* Each end's buffer: the memory the peer reads at [0, RAREA), the reads'
+ * destination at [RAREA, 2 * RAREA). */
+#define RAREA ((size_t)4 << 20)
+
+static const size_t read_sizes[] = {4, 4096, 102400, 2097152};
+#define NREAD (sizeof read_sizes / sizeof read_sizes[0])
+
+static size_t read_offset(size_t m) { return 24 + (m * 37) % 1000; }
+static uint32_t read_seed(int reader_is_parent, size_t round, size_t m)
+{
+    return (uint32_t)(0xEAD00000u + (unsigned)reader_is_parent * 100000u + round * 1000u + m);
+}
+
+static vt_conf read_conf(VIP_RELIABILITY_LEVEL level)
+{
+    vt_conf c = {.level = level, .rdma_read = VIP_TRUE, .buf_size = 2 * RAREA, .ndesc = 4, .maxseg = 4};
+    return c;
+}
+
+/* Fills what the peer's read m of this round will find. */
+static void read_source(vt_end *e, size_t m, uint32_t seed) { vt_fill(e->buf.base + read_offset(m), read_sizes[m], seed); }
+
+/* Posts read m of the peer's memory into this end's destination. */
+static VIP_DESCRIPTOR *read_post(vt_end *e, uint64_t raddr, VIP_MEM_HANDLE rmh, size_t m)
+{
+    size_t len = read_sizes[m], off = read_offset(m);
+    VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0);
+    memset(e->buf.base + RAREA, 0, off + len + 64);
+    vt_desc_rdma(d, VIP_CONTROL_OP_RDMAREAD, 0, raddr + off, rmh, e->buf.base + RAREA + off, e->buf.mh, len,
+                 1 + (unsigned)(m % 3));
+    CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+    return d;
+}
+
+/* Waits for read m (only VipSendWait: it must drain what the read needs)
+ * and checks every byte it brought and the bytes around them. */
+static void read_check(vt_end *e, VIP_DESCRIPTOR *d, size_t m, uint32_t seed)
+{
+    size_t len = read_sizes[m], off = read_offset(m);
+    VIP_DESCRIPTOR *got = NULL;
+    VIP_UINT8 *dst = e->buf.base + RAREA;
+    CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
+    CHECK_PTR(d, got);
+    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RDMA_READ, got);
+    CHECK_EQ(len, got->CS.Length);
+    CHECK_PATTERN(dst + off, len, seed);
+    for (size_t i = 0; i < off; i++)
+        CHECK_EQ(0, dst[i]);
+    for (size_t i = off + len; i < off + len + 64; i++)
+        CHECK_EQ(0, dst[i]);
+}
+
+/* Round 'round': the reader reads each size from the target, which polls
+ * its receive queue (VipRecvWait) until the reader says it is done. */
+static void read_one_way(vt_end *e, int reader, int parent, size_t round, uint64_t raddr, VIP_MEM_HANDLE rmh)
+{
+    for (size_t m = 0; m < NREAD; m++) {
+        uint32_t seed = read_seed(reader ? parent : !parent, round, m);
+        if (reader) {
+            vt_sync(e->fd, 0x700 + m);
+            read_check(e, read_post(e, raddr, rmh, m), m, seed);
+            send_wait(e, e->buf.base, 0, 1);
+        } else {
+            read_source(e, m, seed);
+            post_recv(e, 0, 1);
+            vt_sync(e->fd, 0x700 + m);
+            recv_check(e, 0, 0);
+        }
+        vt_sync(e->fd, 0x800 + m);
+    }
+}
+
+/* Both ends read each size from the other at once, each waiting for its
+ * own read first, then for the other's word that its read is done. */
+static void read_both_ways(vt_end *e, int parent, size_t round, uint64_t raddr, VIP_MEM_HANDLE rmh)
+{
+    for (size_t m = 0; m < NREAD; m++) {
+        read_source(e, m, read_seed(!parent, round, m));
+        post_recv(e, 0, 1);
+        vt_sync(e->fd, 0x900 + m);
+        read_check(e, read_post(e, raddr, rmh, m), m, read_seed(parent, round, m));
+        send_wait(e, e->buf.base, 0, 1);
+        recv_check(e, 0, 0);
+        vt_sync(e->fd, 0xA00 + m);
+    }
+}
+
+/* Swaps the addresses and handles of the two ends' buffers. */
+static void read_swap(vt_end *e, uint64_t *raddr, VIP_MEM_HANDLE *rmh)
+{
+    vt_put_u64(e->fd, (uint64_t)(uintptr_t)e->buf.base);
+    vt_put_u64(e->fd, (uint64_t)(uintptr_t)e->buf.mh);
+    *raddr = vt_get_u64(e->fd);
+    *rmh = (VIP_MEM_HANDLE)(uintptr_t)vt_get_u64(e->fd);
+}
+
+/* A read of memory registered without RDMA read enable: the target
+ * (the parent) refuses it, nothing comes, both ends see RDMAR_PROT. */
+static void read_refused(vt_end *e, int parent)
+{
+    VIP_DESCRIPTOR *got = NULL;
+    if (parent) {
+        vt_mem closed;
+        vt_mem_reg(&closed, e->nic, e->ptag, 4096, VIP_TRUE, VIP_FALSE);
+        memset(closed.base, 0x11, closed.size);
+        vt_put_u64(e->fd, (uint64_t)(uintptr_t)closed.base);
+        vt_put_u64(e->fd, (uint64_t)(uintptr_t)closed.mh);
+        post_recv(e, 16, 1);
+        vt_sync(e->fd, 0xB00);
+        CHECK_OK(VipRecvWait(e->vi, VIP_INFINITE, &got));
+        CHECK_PTR(vt_dpool_get(&e->descs, 1), got);
+        CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_DESC_FLUSHED_ERROR, got);
+        CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_RDMAR_PROT, e->vi);
+        CHECK_STATE(VIP_STATE_ERROR, e->vi);
+        vt_mem_dereg(&closed);
+    } else {
+        uint64_t raddr = vt_get_u64(e->fd);
+        VIP_MEM_HANDLE rmh = (VIP_MEM_HANDLE)(uintptr_t)vt_get_u64(e->fd);
+        VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0);
+        vt_fill(e->buf.base + RAREA, 3000, 99);
+        vt_sync(e->fd, 0xB00);
+        vt_desc_rdma(d, VIP_CONTROL_OP_RDMAREAD, 0, raddr, rmh, e->buf.base + RAREA, e->buf.mh, 3000, 2);
+        CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+        CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
+        CHECK_PTR(d, got);
+        CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_RDMA_PROT_ERROR, got);
+        CHECK_EQ(0, got->CS.Length);
+        /* Nothing came. */
+        CHECK_PATTERN(e->buf.base + RAREA, 3000, 99);
+        CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_RDMAR_PROT, e->vi);
+        CHECK_STATE_SOON(VIP_STATE_ERROR, e->vi);
+    }
+}
+
+static const VIP_RELIABILITY_LEVEL read_levels[] = {VIP_SERVICE_RELIABLE_DELIVERY, VIP_SERVICE_RELIABLE_RECEPTION};
+#define NREAD_LEVELS (sizeof read_levels / sizeof read_levels[0])
+
+static void run_read(int fd, int parent)
+{
+    for (size_t l = 0; l <= NREAD_LEVELS; l++) {
+        /* The last round: the refused read. */
+        int refuse = l == NREAD_LEVELS;
+        vt_conf c = read_conf(refuse ? VIP_SERVICE_RELIABLE_DELIVERY : read_levels[l]);
+        char disc[VT_MAX_DISC];
+        vt_end e;
+        vt_disc(disc, sizeof disc, "crossuser.read.%zu", l);
+        vt_sync(fd, 0x7C00 + l);
+        vt_end_open(&e, &c, fd, parent);
+        vt_end_link(&e, disc);
+        if (parent)
+            printf("  %-40s %s\n", refuse ? "crossuser rdma read refused" : "crossuser rdma read", vt_level_name(c.level));
+        if (refuse) {
+            read_refused(&e, parent);
+        } else {
+            uint64_t raddr;
+            VIP_MEM_HANDLE rmh;
+            read_swap(&e, &raddr, &rmh);
+            /* The child reads through the ring, then the parent by attach. */
+            read_one_way(&e, !parent, parent, 3 * l, raddr, rmh);
+            read_one_way(&e, parent, parent, 3 * l + 1, raddr, rmh);
+            read_both_ways(&e, parent, 3 * l + 2, raddr, rmh);
+        }
+        vt_sync(fd, 0xE2D00 + l);
+        vt_end_close(&e);
+    }
+}
+
+static void drop_to(uid_t uid)
+{
+    if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)
+        VT_FAIL("dropping to uid %d: %s", (int)uid, strerror(errno));
+    CHECK_EQ(uid, getuid());
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+}
+
+/* Two users neither of which may attach to the other: reads both ways at
+ * once, all through the ring. */
+static void ring_pair(int fd, int server)
+{
+    vt_conf c = read_conf(VIP_SERVICE_RELIABLE_DELIVERY);
+    char disc[VT_MAX_DISC];
+    vt_end e;
+    uint64_t raddr;
+    VIP_MEM_HANDLE rmh;
+    vt_disc(disc, sizeof disc, "crossuser.ring-pair");
+    vt_sync(fd, 0x8C00);
+    vt_end_open(&e, &c, fd, server);
+    vt_end_link(&e, disc);
+    read_swap(&e, &raddr, &rmh);
+    for (size_t round = 0; round < 3; round++)
+        read_both_ways(&e, server, 10 + round, raddr, rmh);
+    vt_sync(fd, 0xE3D00);
+    vt_end_close(&e);
+}
+
+static void ring_pair_low(int fd, void *arg)
+{
+    (void)arg;
+    drop_to(NOBODY);
+    ring_pair(fd, 0);
+}
+
+/* Forks its peer (which becomes uid 65534), then becomes uid 65533. */
+static void ring_pair_high(int fd, void *arg)
+{
+    (void)fd;
+    (void)arg;
+    vt_child low = vt_spawn("nobody-b", ring_pair_low, NULL);
+    drop_to(NOBODY - 1);
+    ring_pair(low.fd, 1);
+    vt_join(&low);
+}
+
 static void child(int fd, void *arg)
 {
     (void)arg;
@@ -260,6 +487,7 @@ static void child(int fd, void *arg)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     run(fd, 0);
     run_rdma(fd, 0);
+    run_read(fd, 0);
 }
 
 int main(void)
@@ -275,7 +503,11 @@ int main(void)
     vt_put_u64(c.fd, 1);
     run(c.fd, 1);
     run_rdma(c.fd, 1);
-    CHECK_OK(VipCloseNic(nic));
+    run_read(c.fd, 1);
     vt_join(&c);
+    printf("  %-40s %s\n", "crossuser rdma read, two other users", vt_level_name(VIP_SERVICE_RELIABLE_DELIVERY));
+    vt_child pair = vt_spawn("user-65533", ring_pair_high, NULL);
+    vt_join(&pair);
+    CHECK_OK(VipCloseNic(nic));
     return 0;
 }

@@ -128,6 +128,18 @@ hs=$?
 wait $v
 result cq-lanes $hs $s $?
 
+# 3c. A peer's RDMA read requests through the ring, none checked by the
+# peer: the victim answers the allowed one with its bytes, refuses the
+# rest without a byte, and breaks the connection over an answer to a
+# read it never received.
+disc=rdma-read-$$
+timeout 60 "$victim" rdma-read $disc "$work" &
+v=$!
+as_other timeout 60 "$hostile" rdma-read $disc "$work"
+h=$?
+wait $v
+result rdma-read-through-the-ring $h $?
+
 disc=silent-$$
 timeout 15 "$victim" listen $disc &
 v=$!

@@ -32,6 +32,14 @@
  *   victim sender DISC DIR N an honest peer of "victim cq": connects to
  *                            DISC-honest, waits for DIR/cq.attacked, sends N
  *                            messages of 64 bytes, waits for DIR/cq.done
+ *   victim rdma-read DISC DIR  a reliable VI with RDMA read enabled; register
+ *                            a region with RDMA read enabled (0x22) and one
+ *                            without (0x11), write their addresses and
+ *                            handles to DIR/rdma-read.targets, accept, poll
+ *                            the receive queue (which answers the peer's
+ *                            reads) until the connection breaks over the
+ *                            peer's unsolicited answer (CONN_LOST); both
+ *                            regions unchanged
  *   victim open              open and close the NIC (with whatever agent
  *                            VIA_AGENT_SOCKET leads to)
  */
@@ -46,15 +54,17 @@ typedef struct {
     vt_errlog errs;
 } victim;
 
-static void victim_open(victim *v)
+static void victim_open_vi(victim *v, VIP_RELIABILITY_LEVEL level, VIP_BOOLEAN rdma_read)
 {
     v->nic = vt_open_nic(VT_DEV);
     vt_errlog_init(&v->errs);
     CHECK_OK(VipErrorCallback(v->nic, &v->errs, vt_errlog_handler));
     CHECK_OK(VipCreatePtag(v->nic, &v->ptag));
-    VIP_VI_ATTRIBUTES va = vt_vi_attrs(VIP_SERVICE_UNRELIABLE, v->ptag, MTU, VIP_TRUE, VIP_FALSE);
+    VIP_VI_ATTRIBUTES va = vt_vi_attrs(level, v->ptag, MTU, VIP_TRUE, rdma_read);
     CHECK_OK(VipCreateVi(v->nic, &va, NULL, NULL, &v->vi));
 }
+
+static void victim_open(victim *v) { victim_open_vi(v, VIP_SERVICE_UNRELIABLE, VIP_FALSE); }
 
 /* Waits for a request on disc (timeout_ms) and accepts it. */
 static VIP_RETURN victim_accept(victim *v, const char *disc, VIP_ULONG timeout_ms)
@@ -186,6 +196,47 @@ static int mode_rdma(const char *disc, const char *dir)
     vt_mem_dereg(&closed);
     victim_close(&v);
     printf("victim: the allowed write landed, the refused ones did not, the bad slot broke the connection\n");
+    return 0;
+}
+
+static int mode_rdma_read(const char *disc, const char *dir)
+{
+    victim v;
+    victim_open_vi(&v, VIP_SERVICE_RELIABLE_DELIVERY, VIP_TRUE);
+    vt_mem open_, closed;
+    vt_mem_reg(&open_, v.nic, v.ptag, 4096, VIP_FALSE, VIP_TRUE);
+    vt_mem_reg(&closed, v.nic, v.ptag, 4096, VIP_FALSE, VIP_FALSE);
+    memset(open_.base, 0x22, open_.size);
+    memset(closed.base, 0x11, closed.size);
+    char path[512], tmp[520];
+    snprintf(path, sizeof path, "%s/rdma-read.targets", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL);
+    fprintf(f, "%llu %u %llu %u\n", (unsigned long long)(uintptr_t)open_.base, (unsigned)open_.mh,
+            (unsigned long long)(uintptr_t)closed.base, (unsigned)closed.mh);
+    CHECK(fclose(f) == 0);
+    CHECK(rename(tmp, path) == 0);
+    CHECK_OK(victim_accept(&v, disc, VT_WAIT_MS));
+    /* The reads are answered, or refused, as the receive queue is polled. */
+    double until = vt_now_ms() + VT_WAIT_MS;
+    VIP_DESCRIPTOR *d = NULL;
+    while (vt_vi_state(v.vi) == VIP_STATE_CONNECTED && vt_now_ms() < until) {
+        CHECK_RET(VIP_NOT_DONE, VipRecvDone(v.vi, &d));
+        vt_sleep_ms(1);
+    }
+    CHECK_STATE(VIP_STATE_ERROR, v.vi);
+    CHECK_ERROR_REPORTED(&v.errs, VIP_ERROR_CONN_LOST, v.vi);
+    for (size_t i = 0; i < open_.size; i++)
+        if (open_.base[i] != 0x22)
+            VT_FAIL("byte %zu of the region with RDMA read is 0x%02x", i, open_.base[i]);
+    for (size_t i = 0; i < closed.size; i++)
+        if (closed.base[i] != 0x11)
+            VT_FAIL("byte %zu of the region without RDMA read is 0x%02x", i, closed.base[i]);
+    vt_mem_dereg(&open_);
+    vt_mem_dereg(&closed);
+    victim_close(&v);
+    printf("victim: the allowed read was answered, the others refused, the unsolicited answer broke the connection\n");
     return 0;
 }
 
@@ -397,6 +448,8 @@ int main(int argc, char **argv)
         return mode_break(argv[2]);
     if (argc == 4 && strcmp(argv[1], "rdma") == 0)
         return mode_rdma(argv[2], argv[3]);
+    if (argc == 4 && strcmp(argv[1], "rdma-read") == 0)
+        return mode_rdma_read(argv[2], argv[3]);
     if (argc == 3 && strcmp(argv[1], "listen") == 0)
         return mode_listen(argv[2]);
     if (argc == 3 && strcmp(argv[1], "client") == 0)
@@ -411,6 +464,6 @@ int main(int argc, char **argv)
         printf("victim: opened and closed %s\n", VT_DEV);
         return 0;
     }
-    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | rdma DISC DIR | listen DISC | client DISC | cq DISC DIR N | sender DISC DIR N\n");
+    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | rdma DISC DIR | rdma-read DISC DIR | listen DISC | client DISC | cq DISC DIR N | sender DISC DIR N\n");
     return 2;
 }

@@ -184,6 +184,7 @@ pub(crate) fn progress(nic: &crate::nic::Nic) {
     if let Some(engine) = &nic.send_engine {
         engine.sweep();
     }
+    crate::ring_read::progress(nic);
 }
 
 /// Rings the doorbell of a send that `VipPostSend` has accepted.

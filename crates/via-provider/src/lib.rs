@@ -28,6 +28,7 @@ mod peer_socket;
 pub mod progress;
 mod queue_lock;
 mod read_schedule;
+mod ring_read;
 pub mod timeout;
 pub mod tuning;
 pub mod vi;

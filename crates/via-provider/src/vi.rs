@@ -3,7 +3,9 @@
 //! A send is carried out by the posting thread inside `post_send`: the
 //! message is copied inline into the ring or written with one cross-memory
 //! copy into the receive buffer the peer published, so a send descriptor is
-//! complete when `post_send` returns.  Receives complete when the owner
+//! complete when `post_send` returns; an RDMA read through the ring (where
+//! the kernel forbids cross-memory attach) stays in flight until its answer
+//! is drained (`ring_read`).  Receives complete when the owner
 //! polls its ring (`recv_done`, `recv_wait`, via a CQ).  Lock order: `recv`
 //! before `send`.
 
@@ -34,8 +36,8 @@ use via_core::registry::{PublishedTable, REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
 use via_shm::ring::{
-    SlotHeader, INLINE_MAX, RDMA_TARGET_BYTES, SLOT_RDMA_PIECE, SLOT_RDMA_WRITE, SLOT_RDMA_WRITE_IMM, SLOT_SEND,
-    SLOT_SEND_PIECE,
+    SlotHeader, INLINE_MAX, RDMA_TARGET_BYTES, SLOT_RDMA_PIECE, SLOT_RDMA_READ, SLOT_RDMA_READ_PIECE, SLOT_RDMA_WRITE,
+    SLOT_RDMA_WRITE_IMM, SLOT_SEND, SLOT_SEND_PIECE,
 };
 use via_shm::{cma, futex};
 
@@ -48,7 +50,7 @@ const FLAG_INLINE: u32 = 2;
 const FLAG_PIECES: u32 = 4;
 /// How long a send through the ring in pieces waits for the receiver to
 /// make room before the connection is given up.
-const RING_ROOM_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const RING_ROOM_LIMIT: Duration = Duration::from_secs(10);
 
 /// `VIP_VI_STATE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +100,9 @@ pub(crate) struct RecvQueue {
     pub pieces: Option<Pieces>,
     /// Shared memory: the RDMA write arriving through the ring.
     pub rdma: Option<RingWrite>,
+    /// Shared memory: the RDMA reads through the ring this VI owes its
+    /// peer, in order (`ring_read`).
+    pub answers: VecDeque<crate::ring_read::Answer>,
     /// Messages and bytes received.
     pub tally: CounterRow,
 }
@@ -180,6 +185,11 @@ pub(crate) struct SendQueue {
     pub net: Option<Arc<crate::net::NetLink>>,
     /// Posted, its doorbell rung, not yet taken by the send engine.
     pub rung: usize,
+    /// Shared memory: RDMA reads through the ring in flight, in order
+    /// (`ring_read`); their descriptors wait in `items`.
+    pub ring_reads: VecDeque<crate::ring_read::RingRead>,
+    /// The number of the next RDMA read through the ring.
+    pub next_read: u64,
     /// Messages, bytes and copies sent.
     pub tally: CounterRow,
 }
@@ -279,6 +289,9 @@ pub struct Vi {
     pub destroyed: std::sync::atomic::AtomicBool,
     /// Its doorbell (`VIA_DOORBELL=d1`).
     pub(crate) doorbell: ViDoorbell,
+    /// Shared memory: RDMA reads through the ring in flight plus answers
+    /// owed (`ring_read`), readable without the queue locks.
+    pub(crate) ring_work: AtomicUsize,
 }
 
 thread_local! {
@@ -294,6 +307,9 @@ pub(crate) enum Drain {
     /// Messages until more than this many receives are complete: a poll
     /// that reports one completion then looks at the ring no further.
     Past(usize),
+    /// Every message, as the connection closes (both queue locks held, the
+    /// sends flushed): RDMA read requests and answers are dropped.
+    Closing,
 }
 
 pub(crate) fn reliable(level: u16) -> bool {
@@ -339,6 +355,7 @@ impl Vi {
                 peer_outcome: Mutex::new(None),
                 destroyed: Default::default(),
                 doorbell: ViDoorbell::default(),
+                ring_work: AtomicUsize::new(0),
             })
         });
         let Some((handle, vi)) = inserted else {
@@ -499,6 +516,11 @@ impl Vi {
             unseen
         } else {
             let mut q = self.send.lock();
+            if q.done == q.cq_seen && self.ring_work.load(Ordering::Acquire) != 0 {
+                drop(q);
+                self.ring_progress();
+                q = self.send.lock();
+            }
             let unseen = q.done > q.cq_seen;
             q.cq_seen += unseen as usize;
             unseen
@@ -586,7 +608,8 @@ impl Vi {
             self.networked.store(false, Ordering::Release);
         }
         self.flush_sends(&mut s);
-        self.drain(&mut r, Drain::All);
+        self.forget_ring_work(&mut r, &mut s);
+        self.drain(&mut r, Drain::Closing);
         self.flush(&mut r);
         r.inbound = None;
         r.dropping = None;
@@ -636,7 +659,8 @@ impl Vi {
             self.networked.store(false, Ordering::Release);
         }
         self.flush_sends(&mut s);
-        self.drain(&mut r, Drain::All);
+        self.forget_ring_work(&mut r, &mut s);
+        self.drain(&mut r, Drain::Closing);
         self.flush(&mut r);
         r.inbound = None;
         r.dropping = None;
@@ -764,16 +788,22 @@ impl Vi {
         self.settle(q);
         // Moved out and back rather than cloned: no reference counting per poll.
         let seg = q.seg.take()?;
-        let broken = self.drain_ring(q, seg.rx(), how);
+        let broken = self.drain_ring(q, &seg, how);
         q.seg = Some(seg);
         broken
     }
 
-    fn drain_ring(&self, q: &mut RecvQueue, rx: &via_shm::Ring, how: Drain) -> Option<Break> {
+    fn drain_ring(&self, q: &mut RecvQueue, seg: &ConnSegment, how: Drain) -> Option<Break> {
+        let rx = seg.rx();
         let impossible = || {
             tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
             Some(LOST)
         };
+        let closing = matches!(how, Drain::Closing);
+        // RDMA reads this VI owes go on as the peer makes room.
+        if !q.answers.is_empty() && !closing && self.pump_answers(q, seg).is_err() {
+            return impossible();
+        }
         let mut broken = None;
         loop {
             self.settle(q);
@@ -789,6 +819,21 @@ impl Vi {
             };
             if hdr.kind == SLOT_RDMA_WRITE || hdr.kind == SLOT_RDMA_PIECE || q.rdma.is_some() {
                 match self.ring_write_slot(q, rx, &hdr) {
+                    Ok(None) => continue,
+                    Ok(Some(why)) => return Some(why),
+                    Err(()) => return impossible(),
+                }
+            }
+            if hdr.kind == SLOT_RDMA_READ || hdr.kind == SLOT_RDMA_READ_PIECE {
+                let taken = if hdr.kind == SLOT_RDMA_READ {
+                    self.ring_read_request(q, seg, &hdr, closing).map(|()| None)
+                } else if q.pieces.is_some() {
+                    Err(())
+                } else {
+                    self.ring_read_piece(seg, &hdr, closing)
+                };
+                self.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
+                match taken {
                     Ok(None) => continue,
                     Ok(Some(why)) => return Some(why),
                     Err(()) => return impossible(),
@@ -1185,6 +1230,15 @@ impl Vi {
                     .then_some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
                 (desc.op_status_bits() | bits, 0, why)
             }
+            (Some(conn), Ok(wr)) if wr.op == Op::RdmaRead && !conn.attach && wr.remote.is_some() => {
+                // The kernel does not let us into the target: the request
+                // goes through the ring and the descriptor stays in flight
+                // until the target's answer is drained (`ring_read`).
+                let conn = conn.clone();
+                self.post_ring_read(q, &conn, desc, mem, &wr, &rules);
+                timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
+                return;
+            }
             (Some(conn), Ok(wr)) => {
                 let (status, length, why) =
                     execute(conn, &wr, reliable(attrs.reliability), attrs.reliability, &mut queue.tally);
@@ -1219,7 +1273,17 @@ impl Vi {
     fn take_sent(&self) -> Option<DescPtr> {
         let mut q = self.send.lock();
         if q.done == 0 {
-            return None;
+            // An RDMA read through the ring completes as its answer is
+            // drained: whoever waits for it drains.
+            if self.ring_work.load(Ordering::Acquire) == 0 {
+                return None;
+            }
+            drop(q);
+            self.ring_progress();
+            q = self.send.lock();
+            if q.done == 0 {
+                return None;
+            }
         }
         q.done -= 1;
         q.cq_seen = q.cq_seen.saturating_sub(1);
@@ -1249,9 +1313,15 @@ impl Vi {
             if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
                 return Err(ViaError::Timeout);
             }
+            let nap = deadline.next_sleep(Duration::from_millis(50));
+            if let Some(seg) = self.ring_wait_segment() {
+                // A read through the ring: its answer comes in the ring.
+                seg.rx().wait(Some(nap));
+                continue;
+            }
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             let port = self.nic.sleep_on_port();
-            futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
+            futex::futex_wait(&self.wake_word, word, Some(nap));
             drop(port);
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
@@ -1302,7 +1372,7 @@ fn local_slices_mut(segs: &[LocalSeg]) -> Vec<IoSliceMut<'static>> {
 }
 
 const NO_RECV: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RECVQ_EMPTY };
-const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
+pub(crate) const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
 /// An RDMA write through the ring that this side refused, on a reliable VI:
 /// both ends report the protection error, as over the network.
 const RDMAW_REFUSED: Break = Break { mine: error_code::RDMAW_PROT, theirs: error_code::RDMAW_PROT };
@@ -1511,7 +1581,7 @@ fn gathered(segs: &[LocalSeg], offset: u64, len: u64) -> impl Iterator<Item = &'
 }
 
 /// The writable bytes of the gathered buffers `segs` from `offset` on.
-fn scattered(segs: &[LocalSeg], offset: u64) -> impl Iterator<Item = &'static mut [u8]> + '_ {
+pub(crate) fn scattered(segs: &[LocalSeg], offset: u64) -> impl Iterator<Item = &'static mut [u8]> + '_ {
     let mut start = 0u64;
     segs.iter().filter_map(move |s| {
         let (from, to) = (start, start + s.len as u64);
@@ -1561,7 +1631,7 @@ fn push_pieces(
 /// Pushes one slot; where the ring is full, waits for the receiver to make
 /// room, for at most [`RING_ROOM_LIMIT`] since `waited` (the first wait of
 /// the message) and while the peer is there.
-fn push_room<'a, I>(
+pub(crate) fn push_room<'a, I>(
     conn: &Conn,
     hdr: &SlotHeader,
     payload: I,

@@ -53,6 +53,19 @@ pub const SLOT_RDMA_WRITE: u32 = 5;
 /// Slot kind: a piece of the data of an RDMA write carried through the
 /// ring, `aux` bytes into the write (after its `SLOT_RDMA_WRITE`).
 pub const SLOT_RDMA_PIECE: u32 = 6;
+/// Slot kind: an RDMA read request carried through the ring, where the
+/// initiator may not cross-memory attach to the target.  `length` is the
+/// read's length, `recv_seq` the initiator's number for it; its payload
+/// names the target's memory as a `SLOT_RDMA_WRITE`'s does
+/// ([`RDMA_TARGET_BYTES`]), which the target checks against its own
+/// registry.  The target answers through its own ring.
+pub const SLOT_RDMA_READ: u32 = 7;
+/// Slot kind: a piece of the answer to a `SLOT_RDMA_READ`, in the target's
+/// ring: `recv_seq` and `length` are the request's, `aux` how far into the
+/// read the piece is.  With `status` 0 the payload is the bytes (none only
+/// for a read of 0 bytes); with `status` `VIP_STATUS_RDMA_PROT_ERROR` and
+/// no payload the target refused the rest, and the answer ends.
+pub const SLOT_RDMA_READ_PIECE: u32 = 8;
 /// Payload bytes of a `SLOT_RDMA_WRITE` slot: the remote address (`u64`)
 /// then the remote memory handle (`u32`), little-endian.
 pub const RDMA_TARGET_BYTES: usize = 12;
@@ -337,6 +350,19 @@ impl Ring {
             futex_wait(&ctl.futex, seq, timeout);
         }
         ctl.sleeping.fetch_sub(1, SeqCst);
+    }
+
+    /// Producer side: wakes a consumer asleep in `wait` although no slot
+    /// came (it waits for room in its own ring, which this side just made);
+    /// no system call when none sleeps.  A consumer going to sleep just now
+    /// may miss it and sleep until its timeout.
+    pub fn nudge(&self) {
+        let ctl = self.ctl();
+        fence(SeqCst);
+        if ctl.sleeping.load(SeqCst) != 0 {
+            ctl.futex.fetch_add(1, SeqCst);
+            futex_wake(&ctl.futex, i32::MAX);
+        }
     }
 
     /// Wakes every thread sleeping in `wait` on this ring (on disconnect or

@@ -16,6 +16,7 @@
 //! via-hostile break-code DISC                breaks the connection with a code not in the specification
 //! via-hostile rdma-write DISC DIR            RDMA writes through the ring the victim must refuse
 //! via-hostile cq-lanes DISC DIR              forges, stalls and floods CQ entries in its lane
+//! via-hostile rdma-read DISC DIR             RDMA read requests through the ring the victim must refuse
 //! via-hostile silent DISC SECONDS            connects and never says Ready
 //! via-hostile big-segment DISC               asks for a 256 MiB connection segment
 //! via-hostile impostor NAME DIR SECONDS       poses as the agent on @NAME; writes what it got to DIR
@@ -28,7 +29,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use via_core::consts::SERVICE_UNRELIABLE;
+use via_core::consts::{SERVICE_RELIABLE_DELIVERY, SERVICE_UNRELIABLE, STATUS_RDMA_PROT_ERROR};
 use via_provider::endpoint::{Endpoint, PeerMessage, NO_CQ};
 use via_provider::peer_channel;
 use via_provider::timeout::Deadline;
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         ["break-code", disc] => break_code(disc),
         ["rdma-write", disc, dir] => rdma_write(disc, Path::new(dir)),
         ["cq-lanes", disc, dir] => cq_lanes(disc, Path::new(dir)),
+        ["rdma-read", disc, dir] => rdma_read(disc, Path::new(dir)),
         ["silent", disc, secs] => silent(disc, parse(secs)),
         ["big-segment", disc] => big_segment(disc),
         ["impostor", name, dir, secs] => impostor(name, Path::new(dir), parse(secs)),
@@ -159,12 +161,22 @@ impl Attacker {
     /// `before_ready` on it, says Ready, and returns the Accept's fd (the
     /// victim's registry table).
     fn handshake(&self, disc: &str, before_ready: impl FnOnce(&ConnSegment) -> Outcome) -> Result<Connection, String> {
+        self.handshake_as(disc, endpoint(), before_ready)
+    }
+
+    /// [`Attacker::handshake`], stating `ep` as this side's endpoint.
+    fn handshake_as(
+        &self,
+        disc: &str,
+        ep: Endpoint,
+        before_ready: impl FnOnce(&ConnSegment) -> Outcome,
+    ) -> Result<Connection, String> {
         let fds = self.connect(disc, CONN_SEGMENT_BYTES as u64).map_err(|e| format!("connect: {e}"))?;
         peer_channel::expect_credentials(fds.socket.as_fd()).map_err(|e| e.to_string())?;
         let region = SharedRegion::map(fds.segment).map_err(|e| e.to_string())?;
         let seg = ConnSegment::new(region, Side::A).map_err(|e| e.to_string())?;
         before_ready(&seg)?;
-        let ready = PeerMessage::Ready(endpoint());
+        let ready = PeerMessage::Ready(ep);
         peer_channel::send(fds.socket.as_fd(), &ready, Some(self.table.fd())).map_err(|e| format!("Ready: {e}"))?;
         let accept = peer_channel::recv(fds.socket.as_fd(), None, &Deadline::after_ms(20_000))
             .map_err(|e| format!("waiting for Accept: {e}"))?
@@ -368,20 +380,9 @@ fn break_code(disc: &str) -> Outcome {
 /// and break the connection over the bad header.
 fn rdma_write(disc: &str, dir: &Path) -> Outcome {
     use via_shm::{SlotHeader, RDMA_TARGET_BYTES, SLOT_RDMA_PIECE, SLOT_RDMA_WRITE};
-    let file = dir.join("rdma.targets");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let text = loop {
-        if let Ok(t) = std::fs::read_to_string(&file) {
-            break t;
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no {}", file.display()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let v: Vec<u64> = text.split_whitespace().map(parse).collect();
+    let v = read_targets(dir, "rdma.targets")?;
     let [open, open_mh, closed, closed_mh] = v[..] else {
-        return Err(format!("bad {}: {text:?}", file.display()));
+        return Err(format!("bad rdma.targets: {v:?}"));
     };
     let (open_mh, closed_mh) = (open_mh as u32, closed_mh as u32);
     let attacker = Attacker::new()?;
@@ -493,6 +494,105 @@ fn await_file(file: &Path) -> Result<String, String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits up to 20 s for `DIR/NAME`, written by the victim: the addresses
+/// and handles of its regions.
+fn read_targets(dir: &Path, name: &str) -> Result<Vec<u64>, String> {
+    Ok(await_file(&dir.join(name))?.split_whitespace().map(parse).collect())
+}
+
+/// RDMA read requests through the ring, as a peer that may not attach to
+/// the victim sends them, none of which the peer checks: one the victim
+/// allows (the first 100 bytes of its region with RDMA read enabled, all
+/// 0x22), then reads of its region without RDMA read enable (0x11), past
+/// the end of the enabled region, of the other region's address under the
+/// enabled one's handle, of the enabled region's address under the other's
+/// handle, under a handle that names nothing, and of a range that wraps
+/// the address space.  The victim (reliable, RDMA read enabled) must
+/// answer the first with its 100 bytes and each of the others with one
+/// refusal and no byte; then an answer to a read nobody asked for must
+/// break the connection.  No byte of any other memory may ever come.
+fn rdma_read(disc: &str, dir: &Path) -> Outcome {
+    use via_shm::{SlotHeader, RDMA_TARGET_BYTES, SLOT_RDMA_READ, SLOT_RDMA_READ_PIECE};
+    let v = read_targets(dir, "rdma-read.targets")?;
+    let [open, open_mh, closed, closed_mh] = v[..] else {
+        return Err(format!("bad rdma-read.targets: {v:?}"));
+    };
+    let (open_mh, closed_mh) = (open_mh as u32, closed_mh as u32);
+    let attacker = Attacker::new()?;
+    let ep = Endpoint { reliability: SERVICE_RELIABLE_DELIVERY, rdma_read: true, ..endpoint() };
+    let conn = attacker.handshake_as(disc, ep, |_| Ok(()))?;
+    let (tx, rx) = (conn._seg.tx(), conn._seg.rx());
+    let requests: [(u64, u32, u32, &str); 7] = [
+        (open, open_mh, 100, "allowed"),
+        (closed, closed_mh, 100, "a region without RDMA read enable"),
+        (open + 4000, open_mh, 200, "past the end of the region"),
+        (closed, open_mh, 100, "another region's address under the enabled handle"),
+        (open, closed_mh, 100, "the enabled region's address under another region's handle"),
+        (open, 0xFFFF_FFF0, 100, "a handle that names nothing"),
+        (u64::MAX - 50, open_mh, 100, "a range that wraps the address space"),
+    ];
+    for (id, &(addr, handle, len, _)) in requests.iter().enumerate() {
+        let mut target = [0u8; RDMA_TARGET_BYTES];
+        target[..8].copy_from_slice(&addr.to_le_bytes());
+        target[8..].copy_from_slice(&handle.to_le_bytes());
+        let hdr = SlotHeader { kind: SLOT_RDMA_READ, length: len, recv_seq: id as u64, ..Default::default() };
+        tx.push(&hdr, &[&target]).map_err(|e| format!("push: {e}"))?;
+    }
+    // The answers, in order: every slot the victim sends is looked at.
+    let mut got: Vec<u8> = Vec::new();
+    let mut answered = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while answered < requests.len() {
+        let hdr = match rx.peek().map_err(|e| format!("the victim's ring: {e}"))? {
+            Some(h) => h,
+            None if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            None => return Err(format!("the victim answered {answered} of {} reads within 20 s", requests.len())),
+        };
+        let mut payload = vec![0u8; hdr.inline_len as usize];
+        rx.read_payload(&mut [&mut payload[..]]);
+        rx.pop();
+        let (_, _, len, what) = requests[answered];
+        if hdr.kind != SLOT_RDMA_READ_PIECE || hdr.recv_seq != answered as u64 || hdr.length != len {
+            return Err(format!("the victim sent {hdr:?} while answering the read of {what}"));
+        }
+        if answered == 0 {
+            if hdr.status != 0 || hdr.aux != got.len() as u64 {
+                return Err(format!("the allowed read was answered by {hdr:?}"));
+            }
+            got.extend_from_slice(&payload);
+            if got.iter().any(|&b| b != 0x22) {
+                return Err(format!("the allowed read brought bytes other than the region's: {got:02x?}"));
+            }
+            if got.len() == len as usize {
+                answered += 1;
+            }
+        } else if hdr.status != STATUS_RDMA_PROT_ERROR || hdr.aux != 0 || !payload.is_empty() {
+            return Err(format!("the read of {what} was answered by {hdr:?} with {} bytes", payload.len()));
+        } else {
+            answered += 1;
+        }
+    }
+    // Nothing more: the refusals were the whole answers.
+    std::thread::sleep(Duration::from_millis(200));
+    if let Some(hdr) = rx.peek().map_err(|e| e.to_string())? {
+        return Err(format!("the victim sent more after its answers: {hdr:?}"));
+    }
+    // An answer to a read this side never asked the victim for.
+    let forged = SlotHeader { kind: SLOT_RDMA_READ_PIECE, length: 10, recv_seq: 99, ..Default::default() };
+    tx.push(&forged, &[&[0x55u8; 10]]).map_err(|e| format!("push: {e}"))?;
+    match peer_channel::recv(conn.socket.as_fd(), None, &Deadline::after_ms(20_000)) {
+        Ok(Some(m)) if matches!(m.msg, PeerMessage::Break(_)) => {}
+        Ok(Some(m)) => return Err(format!("after the unsolicited answer the victim said {:?}", m.msg)),
+        Ok(None) | Err(_) => return Err("the victim did not break the connection over an unsolicited answer".into()),
+    }
+    // Keep the connection until the victim has seen it all.
+    std::thread::sleep(Duration::from_secs(1));
+    Ok(())
 }
 
 /// Connects, maps nothing and never says Ready, holding the connection for
