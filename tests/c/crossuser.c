@@ -31,6 +31,11 @@
  * users (65533 and 65534), neither of which may attach to the other, read
  * from each other at once, every read through the ring both ways.
  *
+ * And messages larger than the ring (4 MiB and 3 MiB + 5 bytes) from the
+ * child to a parent that waits only on a completion queue: the child's
+ * send tells the parent's CQ each time the ring is full, and the CQ
+ * drains the ring into the posted receive while the parent waits in it.
+ *
  * Not root: prints a skip line and exits 0.
  */
 #include "vt.h"
@@ -430,6 +435,60 @@ static void run_read(int fd, int parent)
     }
 }
 
+/* Messages larger than the ring, to a receiver that waits on a CQ only. */
+static const size_t cq_sizes[] = {4u << 20, (3u << 20) + 5};
+#define CQ_AREA ((size_t)4 << 20)
+
+static void run_cq_large(int fd, int parent)
+{
+    char disc[VT_MAX_DISC];
+    vt_disc(disc, sizeof disc, "crossuser.cq-large");
+    vt_sync(fd, 0x7C00);
+    vt_conf c = {.level = VIP_SERVICE_RELIABLE_DELIVERY, .buf_size = CQ_AREA, .ndesc = 4, .maxseg = 4};
+    vt_end e;
+    vt_end_open(&e, &c, fd, parent);
+    if (!parent) {
+        vt_end_link(&e, disc);
+        for (size_t m = 0; m < sizeof cq_sizes / sizeof cq_sizes[0]; m++) {
+            vt_fill(e.buf.base, cq_sizes[m], 0xC0 + (uint32_t)m);
+            vt_sync(fd, 0x7C10 + m);
+            send_wait(&e, e.buf.base, cq_sizes[m], 3);
+        }
+    } else {
+        /* The parent's VI of vt_end_open has no CQ: one that has. */
+        VIP_CQ_HANDLE cq;
+        VIP_VI_HANDLE vi;
+        CHECK_OK(VipCreateCQ(e.nic, 16, &cq));
+        VIP_VI_ATTRIBUTES va = vt_vi_attrs(c.level, e.ptag, VT_MAX_TRANSFER, VIP_FALSE, VIP_FALSE);
+        CHECK_OK(VipCreateVi(e.nic, &va, NULL, cq, &vi));
+        vt_accept(e.nic, vi, disc);
+        printf("  %-40s %s\n", "crossuser, larger than the ring, to a CQ", vt_level_name(c.level));
+        for (size_t m = 0; m < sizeof cq_sizes / sizeof cq_sizes[0]; m++) {
+            VIP_DESCRIPTOR *d = vt_dpool_get(&e.descs, 1), *got = NULL;
+            vt_desc_recv(d, e.buf.base, e.buf.mh, CQ_AREA, 4);
+            CHECK_OK(VipPostRecv(vi, d, e.descs.mem.mh));
+            vt_sync(fd, 0x7C10 + m);
+            VIP_VI_HANDLE which = NULL;
+            VIP_BOOLEAN recv = VIP_FALSE;
+            CHECK_OK(VipCQWait(cq, VT_WAIT_MS, &which, &recv));
+            CHECK_PTR(vi, which);
+            CHECK(recv == VIP_TRUE);
+            CHECK_OK(VipRecvDone(vi, &got));
+            CHECK_PTR(d, got);
+            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, got);
+            CHECK_EQ(cq_sizes[m], got->CS.Length);
+            CHECK_PATTERN(e.buf.base, cq_sizes[m], 0xC0 + (uint32_t)m);
+        }
+        vt_sync(fd, 0x7CE0);
+        CHECK_OK(VipDisconnect(vi));
+        CHECK_OK(VipDestroyVi(vi));
+        CHECK_OK(VipDestroyCQ(cq));
+    }
+    if (!parent)
+        vt_sync(fd, 0x7CE0);
+    vt_end_close(&e);
+}
+
 static void drop_to(uid_t uid)
 {
     if (setgroups(0, NULL) != 0 || setgid(uid) != 0 || setuid(uid) != 0)
@@ -488,6 +547,7 @@ static void child(int fd, void *arg)
     run(fd, 0);
     run_rdma(fd, 0);
     run_read(fd, 0);
+    run_cq_large(fd, 0);
 }
 
 int main(void)
@@ -504,6 +564,7 @@ int main(void)
     run(c.fd, 1);
     run_rdma(c.fd, 1);
     run_read(c.fd, 1);
+    run_cq_large(c.fd, 1);
     vt_join(&c);
     printf("  %-40s %s\n", "crossuser rdma read, two other users", vt_level_name(VIP_SERVICE_RELIABLE_DELIVERY));
     vt_child pair = vt_spawn("user-65533", ring_pair_high, NULL);

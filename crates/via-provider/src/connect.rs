@@ -76,6 +76,15 @@ impl Conn {
         let entry = crate::cq::CqEntry { vi: self.peer.vi, recv: true };
         self.lane_out.push_and_ring(&self.peer_bell, self.peer.recv_cq as usize, entry.encode());
     }
+
+    /// Asks the peer's CQ to drain our ring: it is full, and a peer that
+    /// waits on its CQ only would otherwise never make room.
+    pub fn ask_peer_to_drain(&self) {
+        if self.peer.recv_cq != crate::endpoint::NO_CQ {
+            let entry = crate::cq::CqEntry { vi: self.peer.vi, recv: true };
+            self.lane_out.push_and_ring(&self.peer_bell, self.peer.recv_cq as usize, entry.encode_progress());
+        }
+    }
 }
 
 /// What `VipConnectWait` returns: a request waiting for an answer.

@@ -37,10 +37,20 @@ pub struct CqEntry {
     pub recv: bool,
 }
 
+/// The bit of an inbox word that asks the CQ to drain the VI's ring rather
+/// than report a completion: a message sent through the ring in pieces
+/// waits for room, and its receiver may be waiting on this CQ only.
+const PROGRESS: u64 = 1 << 62;
+
 impl CqEntry {
     /// The inbox word: the VI handle without its kind byte, the queue in the top bit.
     pub fn encode(&self) -> u64 {
         (self.vi & 0x00FF_FFFF_FFFF_FFFF) | ((self.recv as u64) << 63)
+    }
+
+    /// The inbox word that asks for the VI's ring to be drained ([`PROGRESS`]).
+    pub fn encode_progress(&self) -> u64 {
+        self.encode() | PROGRESS
     }
     /// Parses an inbox word (untrusted: the VI is looked up before use).
     pub fn decode(word: u64) -> CqEntry {
@@ -229,6 +239,11 @@ impl Cq {
                 let cq = if entry.recv { &vi.recv_cq } else { &vi.send_cq };
                 let mine = cq.as_ref().is_some_and(|c| c.handle == self.handle)
                     && lane.is_none_or(|id| vi.lane.load(Ordering::Acquire) == id);
+                if mine && word & PROGRESS != 0 {
+                    // Room for the rest of a message; its completion comes as an entry of its own.
+                    vi.ring_progress();
+                    return Ok(false);
+                }
                 if mine && entry.recv {
                     vi.prefetch_received();
                 }

@@ -1646,6 +1646,9 @@ where
             Ok(()) => return Ok(()),
             Err(via_shm::ShmError::Full) => {
                 spins += 1;
+                if spins == 1 {
+                    conn.ask_peer_to_drain();
+                }
                 if spins < 64 {
                     std::thread::yield_now();
                     continue;
