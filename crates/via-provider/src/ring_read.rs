@@ -237,6 +237,8 @@ impl Vi {
             match push_room(conn, &hdr, std::iter::once(&target[..]), &mut waited) {
                 Err(()) => Some((STATUS_TRANSPORT_ERROR, crate::vi::LOST)),
                 Ok(()) => {
+                    // A target that waits on its CQ only answers now.
+                    conn.ask_peer_to_drain();
                     q.next_read = id.wrapping_add(1);
                     q.tally.add(Counter::RdmaReads, 1);
                     let since = Instant::now();

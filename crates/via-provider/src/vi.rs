@@ -1710,6 +1710,9 @@ fn ring_write(
     }
     if wr.immediate.is_some() && conn.peer.recv_cq != NO_CQ {
         conn.complete_peer_receive();
+    } else {
+        // A target that waits on its CQ only applies the write now.
+        conn.ask_peer_to_drain();
     }
     tally.add(Counter::RdmaWrites, 1);
     (0, total, None)
