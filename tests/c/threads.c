@@ -296,6 +296,70 @@ static void close_ends_waits(void)
     printf("VipCloseNic ended a VipConnectWait and a VipConnectRequest (VIP_INFINITE) in %.0f ms\n", took);
 }
 
+typedef struct {
+    int what; /* 0: VipRecvWait, 1: VipSendWait, 2: VipCQWait */
+    VIP_VI_HANDLE vi;
+    VIP_CQ_HANDLE cq;
+    VIP_RETURN ret;
+} object_wait_arg;
+
+static void *wait_on_object(void *p)
+{
+    object_wait_arg *a = p;
+    VIP_DESCRIPTOR *d = NULL;
+    VIP_VI_HANDLE vi = NULL;
+    VIP_BOOLEAN rq = VIP_FALSE;
+    switch (a->what) {
+    case 0:
+        a->ret = VipRecvWait(a->vi, VIP_INFINITE, &d);
+        break;
+    case 1:
+        a->ret = VipSendWait(a->vi, VIP_INFINITE, &d);
+        break;
+    default:
+        a->ret = VipCQWait(a->cq, VIP_INFINITE, &vi, &rq);
+    }
+    return NULL;
+}
+
+/* VipDestroyVi and VipDestroyCQ end other threads' waits on them, however
+ * long they asked to wait: the handle is no longer valid. */
+static void destroy_ends_waits(void)
+{
+    VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
+    VIP_PROTECTION_HANDLE ptag;
+    CHECK_OK(VipCreatePtag(nic, &ptag));
+    VIP_CQ_HANDLE cq;
+    CHECK_OK(VipCreateCQ(nic, 16, &cq));
+    VIP_VI_ATTRIBUTES va = vt_vi_attrs(VIP_SERVICE_RELIABLE_DELIVERY, ptag, 65536, VIP_FALSE, VIP_FALSE);
+    VIP_VI_HANDLE recv_vi, send_vi, cq_vi;
+    CHECK_OK(VipCreateVi(nic, &va, NULL, NULL, &recv_vi));
+    CHECK_OK(VipCreateVi(nic, &va, NULL, NULL, &send_vi));
+    CHECK_OK(VipCreateVi(nic, &va, NULL, cq, &cq_vi));
+    object_wait_arg args[3] = {{0, recv_vi, NULL, VIP_SUCCESS}, {1, send_vi, NULL, VIP_SUCCESS},
+                               {2, NULL, cq, VIP_SUCCESS}};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        CHECK(pthread_create(&th[i], NULL, wait_on_object, &args[i]) == 0);
+    vt_sleep_ms(300);
+    double t0 = vt_now_ms();
+    CHECK_OK(VipDestroyVi(recv_vi));
+    CHECK_OK(VipDestroyVi(send_vi));
+    CHECK_OK(VipDestroyVi(cq_vi));
+    CHECK_OK(VipDestroyCQ(cq));
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    double took = vt_now_ms() - t0;
+    CHECK(took < 5000);
+    for (int i = 0; i < 3; i++)
+        if (args[i].ret != VIP_INVALID_PARAMETER)
+            VT_FAIL("wait %d ended with %s, not VIP_INVALID_PARAMETER", i, vt_ret_name(args[i].ret));
+    CHECK_OK(VipDestroyPtag(nic, ptag));
+    CHECK_OK(VipCloseNic(nic));
+    printf("VipDestroyVi and VipDestroyCQ ended a VipRecvWait, a VipSendWait and a VipCQWait (VIP_INFINITE) in %.0f ms\n",
+           took);
+}
+
 int main(void)
 {
     vt_init();
@@ -326,6 +390,7 @@ int main(void)
     CHECK_OK(VipCloseNic(nic));
     vt_join(&srv);
     close_ends_waits();
+    destroy_ends_waits();
     printf("threads: ok\n");
     return 0;
 }

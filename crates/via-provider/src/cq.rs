@@ -284,7 +284,8 @@ impl Cq {
                 return Ok(e);
             }
             if self.destroyed.load(Ordering::Acquire) {
-                return Err(ViaError::Timeout);
+                // Another thread destroyed the CQ: its handle is no longer valid.
+                return Err(ViaError::InvalidParameter);
             }
             if spin.spin() {
                 continue;

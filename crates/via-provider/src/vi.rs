@@ -1119,7 +1119,8 @@ impl Vi {
                 Err(e) => return Err(e),
             }
             if self.destroyed.load(Ordering::Acquire) {
-                return Err(ViaError::Timeout);
+                // Another thread destroyed the VI: its handle is no longer valid.
+                return Err(ViaError::InvalidParameter);
             }
             if spin.spin() {
                 continue;
@@ -1310,7 +1311,10 @@ impl Vi {
             if let Ok(d) = self.send_done() {
                 return Ok(d);
             }
-            if deadline.passed() || self.destroyed.load(Ordering::Acquire) {
+            if self.destroyed.load(Ordering::Acquire) {
+                return Err(ViaError::InvalidParameter);
+            }
+            if deadline.passed() {
                 return Err(ViaError::Timeout);
             }
             let nap = deadline.next_sleep(Duration::from_millis(50));
