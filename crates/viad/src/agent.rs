@@ -250,24 +250,24 @@ struct CmDown {
 }
 
 impl CmDown {
-    /// `bind` of CM port `port` failed with `e`.
+    /// `bind` of CM port `port` failed with `e`.  The reason fits in one
+    /// error reply ([`crate::proto::MAX_TEXT`] bytes).
     fn bind_failed(port: u16, e: &io::Error) -> CmDown {
         // SAFETY: geteuid has no preconditions.
         let uid = unsafe { libc::geteuid() };
         let why = match e.raw_os_error() {
-            Some(libc::EACCES) => format!(
-                "the port is privileged and the agent runs as uid {uid} without CAP_NET_BIND_SERVICE; \
-                 run viad as root, or choose an unprivileged CM port for every host (VIA_CM_PORT, \
-                 --cm-port), which gives up the proof that CM answers come from a host's agent"
-            ),
-            Some(libc::EADDRINUSE) => {
-                "another process holds the port (another agent, or a process squatting it)".to_string()
+            Some(libc::EACCES) => {
+                "the port is privileged: run viad as root, or set one unprivileged \
+                                   VIA_CM_PORT on every host (unprotected)"
             }
-            _ => "see the agent's log".to_string(),
+            Some(libc::EADDRINUSE) => "another process holds it (another agent, or a squatter)",
+            _ => "see the agent's log",
         };
         CmDown {
             errno: e.raw_os_error().unwrap_or(0),
-            reason: format!("this host's agent cannot bind CM port {port} (udp): {e}: {why}; it serves this host only"),
+            reason: format!(
+                "this host's agent (uid {uid}) cannot bind CM port {port}: {e}: {why}; it serves this host only"
+            ),
         }
     }
 }
@@ -1640,6 +1640,8 @@ mod tests {
             };
             assert!(message.contains(&format!("cannot bind CM port {CM_PORT}")), "{message}");
             assert!(message.contains(says), "{message}");
+            // The whole reason reaches the client.
+            assert!(message.ends_with("it serves this host only"), "{message}");
             assert!(!agent.clients.contains_key(&1) && agent.cm.outgoing.is_empty());
             let counters: BTreeMap<String, u64> = agent.counters().into_iter().collect();
             assert_eq!((counters["cm_port"], counters["cm_bind_errno"]), (0, errno as u64));
