@@ -632,6 +632,23 @@ fn cm_port_survives_garbage_and_odd_messages() {
 }
 
 #[test]
+fn a_cm_port_that_is_not_privileged_here_is_reported() {
+    let Some(net) = Net::new("a_cm_port_that_is_not_privileged_here_is_reported") else {
+        return;
+    };
+    // Host a lets every user bind every port.
+    let lowered = Command::new("ip")
+        .args(["netns", "exec", &net.a, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start"])
+        .status()
+        .unwrap();
+    assert!(lowered.success());
+    let a = NsAgent::start(&net.a, &[], &[]);
+    let b = NsAgent::start(&net.b, &[], &[]);
+    assert_eq!((a.stat("cm_port"), a.stat("cm_port_privileged")), (u64::from(CM_PORT), 0));
+    assert_eq!((b.stat("cm_port"), b.stat("cm_port_privileged")), (u64::from(CM_PORT), 1));
+}
+
+#[test]
 fn peers_across_hosts_in_both_orders() {
     let Some(net) = Net::new("peers_across_hosts_in_both_orders") else {
         return;
