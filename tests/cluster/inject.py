@@ -19,7 +19,8 @@ sends the port, mixed:
               BREAK packets with a wrong key
   replayed    real packets sent again, verbatim, old and recent
 
-With --cm it also sends garbage to the host agent's CM port (5197).  With
+With --cm it also sends garbage to the host agent's CM port (60) from an
+unprivileged port, which the agent must refuse unread.  With
 --frames-from NS (a namespace file such as /run/netns/NAME, of a host on the
 target's link) it also sends the same kinds of packets, and frames cut short
 or claiming more bytes than they hold, as Ethernet frames (docs/wire.md,
@@ -50,7 +51,7 @@ MAGIC = 0x5649
 VERSION = 1
 DATA, RDMA_WRITE, ACK, BREAK, DISCONNECT = 1, 2, 5, 6, 7
 HEADER_CRC = 16  # flag: the checksum covers the header only
-CM_PORT = 5197
+CM_PORT = 60  # via_wire::cm::CM_PORT
 MAX_UDP = 65507
 ETH_P_ALL = 0x0003
 

@@ -307,9 +307,10 @@ case_bad_input() {
     expect "inject.py on h2" 0 "$irc" || return 1
     expect "stream server on h2" 0 "$vrc" || return 1
     expect "stream client on h1" 0 "$crc" || return 1
-    # The agent counted the garbage on its CM port and still works.
-    v=$(counter 2 cm_malformed)
-    echo "h2 cm_malformed ${v:-(missing)}"
+    # The agent refused the garbage on its CM port (it came from another
+    # port) and still works.
+    v=$(counter 2 cm_refused_source)
+    echo "h2 cm_refused_source ${v:-(missing)}"
     [ -n "$v" ] && [ "$v" -gt 0 ]
 }
 

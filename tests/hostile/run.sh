@@ -9,6 +9,7 @@
 # As root, the attacker and the bystander run as uid 65534 (setpriv), as a
 # hostile local user would; otherwise as the caller.  The host agent of the
 # run is started first, as the caller, on a socket name unique to the run.
+# The CM port cases make two hosts of network namespaces (cm_squatter.sh).
 # Environment: STAGE (the staged install, for viad).
 set -u
 
@@ -198,6 +199,18 @@ if [ "$(id -u)" = 0 ]; then
 else
     echo "SKIP stop-by-another-user (needs root: another user to be)"
 fi
+
+# 8. The CM port: a local user binds it first, or answers for the agent
+#    from another port (two hosts in network namespaces: cm_squatter.sh).
+sh "$(dirname "$0")/cm_squatter.sh" "$victim" "$hostile" >"$work/cm.log" 2>&1
+cat "$work/cm.log"
+for name in $(sed -n 's/^PASS \([^ ]*\).*/\1/p' "$work/cm.log"); do
+    passed=$((passed + 1))
+done
+for name in $(sed -n 's/^FAIL \([^ ]*\).*/\1/p' "$work/cm.log"); do
+    failed=$((failed + 1))
+    failures="$failures $name"
+done
 
 echo "hostile: $passed passed, $failed failed"
 [ $failed = 0 ] || { echo "failed:$failures"; exit 1; }

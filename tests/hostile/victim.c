@@ -42,8 +42,24 @@
  *                            regions unchanged
  *   victim open              open and close the NIC (with whatever agent
  *                            VIA_AGENT_SOCKET leads to)
+ *
+ * Across hosts, on $VIA_DEVICE (default /dev/via_eth0), reliable delivery:
+ *
+ *   victim remote-listen DISC LEN
+ *                            accept one request for DISC from another host,
+ *                            receive LEN bytes of pattern 1, check them,
+ *                            send LEN bytes of pattern 2
+ *   victim remote-client IPV4 DISC LEN
+ *                            connect to DISC at host IPV4, send LEN bytes of
+ *                            pattern 1, receive and check LEN bytes of
+ *                            pattern 2: the real listener answered
+ *   victim remote-unreachable IPV4 DISC
+ *                            VipConnectRequest to DISC at host IPV4 must fail
+ *                            with VIP_NOT_REACHABLE within 5 s
  */
 #include "../c/vt.h"
+
+#include <arpa/inet.h>
 
 #define MTU 65536UL
 
@@ -54,9 +70,9 @@ typedef struct {
     vt_errlog errs;
 } victim;
 
-static void victim_open_vi(victim *v, VIP_RELIABILITY_LEVEL level, VIP_BOOLEAN rdma_read)
+static void victim_open_on(victim *v, const char *dev, VIP_RELIABILITY_LEVEL level, VIP_BOOLEAN rdma_read)
 {
-    v->nic = vt_open_nic(VT_DEV);
+    v->nic = vt_open_nic(dev);
     vt_errlog_init(&v->errs);
     CHECK_OK(VipErrorCallback(v->nic, &v->errs, vt_errlog_handler));
     CHECK_OK(VipCreatePtag(v->nic, &v->ptag));
@@ -64,7 +80,28 @@ static void victim_open_vi(victim *v, VIP_RELIABILITY_LEVEL level, VIP_BOOLEAN r
     CHECK_OK(VipCreateVi(v->nic, &va, NULL, NULL, &v->vi));
 }
 
+static void victim_open_vi(victim *v, VIP_RELIABILITY_LEVEL level, VIP_BOOLEAN rdma_read)
+{
+    victim_open_on(v, VT_DEV, level, rdma_read);
+}
+
 static void victim_open(victim *v) { victim_open_vi(v, VIP_SERVICE_UNRELIABLE, VIP_FALSE); }
+
+/* The device of the cross-host modes. */
+static const char *remote_dev(void)
+{
+    const char *d = getenv("VIA_DEVICE");
+    return d != NULL && d[0] != '\0' ? d : "/dev/via_eth0";
+}
+
+/* DISC at the host with IPv4 address `ip`. */
+static VIP_NET_ADDRESS *remote_addr(const char *ip, const char *disc)
+{
+    VIP_UINT8 host[4];
+    if (inet_pton(AF_INET, ip, host) != 1)
+        VT_FAIL("not an IPv4 address: %s", ip);
+    return vt_addr_new(host, 4, disc, (VIP_UINT16)strlen(disc));
+}
 
 /* Waits for a request on disc (timeout_ms) and accepts it. */
 static VIP_RETURN victim_accept(victim *v, const char *disc, VIP_ULONG timeout_ms)
@@ -437,6 +474,103 @@ static int mode_sender(const char *disc, const char *dir, unsigned n)
     return 0;
 }
 
+/* Sends len bytes of pattern `out` and receives len bytes of pattern `in`
+ * (the receive is posted before the send); both must complete. */
+static void exchange(victim *v, vt_mem *buf, vt_mem *descs, size_t len, uint32_t out, uint32_t in,
+                     int receive_first)
+{
+    VIP_DESCRIPTOR *rd = (VIP_DESCRIPTOR *)(void *)descs->base;
+    VIP_DESCRIPTOR *sd = (VIP_DESCRIPTOR *)(void *)(descs->base + 256);
+    VIP_UINT8 *rbuf = buf->base, *sbuf = buf->base + len;
+    if (receive_first) {
+        VIP_DESCRIPTOR *got = vt_recv_wait(v->vi);
+        CHECK(got == rd);
+        CHECK(rd->CS.Length == len);
+        size_t at = vt_mismatch(rbuf, len, in);
+        if (at != (size_t)-1)
+            VT_FAIL("received byte %zu differs from the pattern", at);
+    }
+    vt_fill(sbuf, len, out);
+    vt_desc_send(sd, 0, 0, sbuf, buf->mh, len, 1);
+    CHECK_OK(VipPostSend(v->vi, sd, descs->mh));
+    CHECK(vt_send_wait(v->vi) == sd);
+    if (!receive_first) {
+        VIP_DESCRIPTOR *got = vt_recv_wait(v->vi);
+        CHECK(got == rd);
+        CHECK(rd->CS.Length == len);
+        size_t at = vt_mismatch(rbuf, len, in);
+        if (at != (size_t)-1)
+            VT_FAIL("received byte %zu differs from the pattern", at);
+    }
+}
+
+/* Registers 2*len bytes (receive half, send half) and posts the receive. */
+static void prepare(victim *v, vt_mem *buf, vt_mem *descs, size_t len)
+{
+    vt_mem_reg(buf, v->nic, v->ptag, 2 * len, VIP_FALSE, VIP_FALSE);
+    vt_mem_reg(descs, v->nic, v->ptag, 4096, VIP_FALSE, VIP_FALSE);
+    VIP_DESCRIPTOR *rd = (VIP_DESCRIPTOR *)(void *)descs->base;
+    vt_desc_recv(rd, buf->base, buf->mh, len, 1);
+    CHECK_OK(VipPostRecv(v->vi, rd, descs->mh));
+}
+
+static int mode_remote_listen(const char *disc, size_t len)
+{
+    victim v;
+    victim_open_on(&v, remote_dev(), VIP_SERVICE_RELIABLE_DELIVERY, VIP_FALSE);
+    vt_mem buf, descs;
+    prepare(&v, &buf, &descs, len);
+    CHECK_OK(victim_accept(&v, disc, VT_WAIT_MS));
+    exchange(&v, &buf, &descs, len, 2, 1, 1);
+    printf("victim remote-listen: received %zu bytes of the client's pattern, sent %zu back\n", len, len);
+    victim_wait_peer_gone(&v, 5000);
+    vt_mem_dereg(&buf);
+    vt_mem_dereg(&descs);
+    victim_close(&v);
+    return 0;
+}
+
+static int mode_remote_client(const char *ip, const char *disc, size_t len)
+{
+    victim v;
+    victim_open_on(&v, remote_dev(), VIP_SERVICE_RELIABLE_DELIVERY, VIP_FALSE);
+    vt_mem buf, descs;
+    prepare(&v, &buf, &descs, len);
+    VIP_NET_ADDRESS *local = vt_addr_local(v.nic, "remote-client");
+    VIP_NET_ADDRESS *remote = remote_addr(ip, disc);
+    VIP_VI_ATTRIBUTES ra;
+    double t0 = vt_now_ms();
+    CHECK_OK(VipConnectRequest(v.vi, local, remote, VT_WAIT_MS, &ra));
+    printf("victim remote-client: connected after %.0f ms\n", vt_now_ms() - t0);
+    exchange(&v, &buf, &descs, len, 1, 2, 0);
+    printf("victim remote-client: sent %zu bytes, received the listener's %zu\n", len, len);
+    free(local);
+    free(remote);
+    vt_mem_dereg(&buf);
+    vt_mem_dereg(&descs);
+    victim_close(&v);
+    return 0;
+}
+
+static int mode_remote_unreachable(const char *ip, const char *disc)
+{
+    victim v;
+    victim_open_on(&v, remote_dev(), VIP_SERVICE_RELIABLE_DELIVERY, VIP_FALSE);
+    VIP_NET_ADDRESS *local = vt_addr_local(v.nic, "remote-client");
+    VIP_NET_ADDRESS *remote = remote_addr(ip, disc);
+    VIP_VI_ATTRIBUTES ra;
+    double t0 = vt_now_ms();
+    CHECK_RET(VIP_NOT_REACHABLE, VipConnectRequest(v.vi, local, remote, VT_WAIT_MS, &ra));
+    double ms = vt_now_ms() - t0;
+    if (ms > 5000)
+        VT_FAIL("VIP_NOT_REACHABLE came after %.0f ms, not at once", ms);
+    printf("victim remote-unreachable: VIP_NOT_REACHABLE after %.0f ms\n", ms);
+    free(local);
+    free(remote);
+    victim_close(&v);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     vt_init();
@@ -458,12 +592,20 @@ int main(int argc, char **argv)
         return mode_cq(argv[2], argv[3], (unsigned)strtoul(argv[4], NULL, 0));
     if (argc == 5 && strcmp(argv[1], "sender") == 0)
         return mode_sender(argv[2], argv[3], (unsigned)strtoul(argv[4], NULL, 0));
+    if (argc == 4 && strcmp(argv[1], "remote-listen") == 0)
+        return mode_remote_listen(argv[2], (size_t)strtoul(argv[3], NULL, 0));
+    if (argc == 5 && strcmp(argv[1], "remote-client") == 0)
+        return mode_remote_client(argv[2], argv[3], (size_t)strtoul(argv[4], NULL, 0));
+    if (argc == 4 && strcmp(argv[1], "remote-unreachable") == 0)
+        return mode_remote_unreachable(argv[2], argv[3]);
     if (argc == 2 && strcmp(argv[1], "open") == 0) {
         VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
         CHECK_OK(VipCloseNic(nic));
         printf("victim: opened and closed %s\n", VT_DEV);
         return 0;
     }
-    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | rdma DISC DIR | rdma-read DISC DIR | listen DISC | client DISC | cq DISC DIR N | sender DISC DIR N\n");
+    fprintf(stderr, "usage: victim send DISC LEN | table DISC | break DISC | rdma DISC DIR | rdma-read DISC DIR | listen DISC\n"
+                    "       | client DISC | cq DISC DIR N | sender DISC DIR N | open | remote-listen DISC LEN\n"
+                    "       | remote-client IPV4 DISC LEN | remote-unreachable IPV4 DISC\n");
     return 2;
 }

@@ -172,6 +172,12 @@ fn agent_error(e: AgentError) -> ViaError {
     match e {
         AgentError::NoMatch => ViaError::NoMatch,
         AgentError::Unreachable => ViaError::NotReachable,
+        // This host's agent cannot reach other hosts at all: say why (not
+        // root, or another process holds the CM port).
+        e @ AgentError::NoCmPort(_) => {
+            tracing::warn!("host agent: {e}");
+            ViaError::NotReachable
+        }
         AgentError::Timeout => ViaError::Timeout,
         // Another thread closed the NIC: its handle is no longer valid.
         AgentError::Cancelled => ViaError::InvalidParameter,

@@ -1,7 +1,8 @@
 //! Connection-management (CM) messages between host agents.
 //!
-//! Host agents talk on UDP port [`CM_PORT`].  Each message has its own
-//! 10-byte framing:
+//! Host agents talk on UDP port [`CM_PORT`], from that port to that port:
+//! an agent takes CM messages only from the CM port of the other host.
+//! Each message has its own 10-byte framing:
 //!
 //! ```text
 //! off size field
@@ -21,8 +22,20 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::{crc32c, WireError};
 
-/// The UDP port host agents listen on for CM messages.
-pub const CM_PORT: u16 = 5197;
+/// The UDP port host agents listen on, and send their CM messages from.
+///
+/// It is a privileged port (below 1024, where `ip_unprivileged_port_start`
+/// is the default 1024): only root or a process with
+/// `CAP_NET_BIND_SERVICE` can bind it, so no other local user can take it
+/// before the agent, and a CM message whose source port is this one proves
+/// that a privileged process of its host sent it.  60 is unassigned in the
+/// IANA registry and in the `/etc/services` of common distributions, and it
+/// lies below 512, outside the ranges from which `bindresvport(3)`,
+/// `rresvport(3)` (512-1023) and the kernel's RPC client (665-1023) hand
+/// reserved ports to their clients, which could otherwise hold it when the
+/// agent starts.  Another port (`VIA_CM_PORT`, `viad --cm-port`) must be the
+/// same on every host; an unprivileged one gives that protection up.
+pub const CM_PORT: u16 = 60;
 /// The first two bytes of every CM message ("VC").
 pub const CM_MAGIC: u16 = 0x5643;
 /// The CM framing version.

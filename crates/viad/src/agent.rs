@@ -34,6 +34,22 @@
 //! `Accept` whose `Ack` was lost is acknowledged again for
 //! [`crate::cm::FINISHED_MEMORY`]; a `Reject` is always acknowledged.
 //!
+//! # The CM port
+//!
+//! The agent sends every CM message from its CM socket and takes CM
+//! messages only from the CM port of the other host: a datagram from any
+//! other source port is dropped before it is parsed and counted
+//! (`cm_refused_source`).  The default port ([`CM_PORT`]) is privileged, so
+//! no other local user can bind it before the agent, and a message from it
+//! comes from a privileged process of its host.  Where the port is not
+//! privileged on this host (a port at or above
+//! `net.ipv4.ip_unprivileged_port_start`) the agent says so at start.  A CM
+//! port the agent cannot bind (`EACCES`: not root; `EADDRINUSE`: another
+//! process holds it) is logged and shown by `viad --stats` (`cm_port` 0,
+//! `cm_bind_errno`); the agent serves this host only, and a request for
+//! another host fails at once with `Error { NoCmPort }`, whose message says
+//! why.
+//!
 //! A listener that holds a request from another host must answer within
 //! [`ANSWER_TIME`]; after that the agent tells it `NoMatch`, closes its
 //! connection and gives the request back to the queue, so that a listener
@@ -95,8 +111,9 @@ pub struct Config {
     /// Exit after this long without any client connection (and with no
     /// cross-host request in flight); `None` = never.
     pub idle_timeout: Option<Duration>,
-    /// UDP port of the connection managers of all hosts; 0 = no cross-host
-    /// connections (requests for other hosts are unreachable).
+    /// UDP port of the connection managers of all hosts, the same on every
+    /// host (see [`CM_PORT`]); 0 = no cross-host connections (requests for
+    /// other hosts fail with `NoCmPort`).
     pub cm_port: u16,
     /// Most connections one uid may hold at the agent at once; root and the
     /// agent's own uid are exempt (see the module docs).
@@ -121,27 +138,41 @@ pub fn bind(name: &str) -> io::Result<Option<OwnedFd>> {
 /// Serves clients on `listener`, and other hosts' agents on the CM port,
 /// until Stop, SIGTERM/SIGINT or the idle timeout.  Blocks SIGTERM and
 /// SIGINT in the calling thread to receive them on a signalfd.  A CM port
-/// that cannot be bound is logged, and the agent serves this host only.
+/// that cannot be bound is logged and reported to the clients that ask for
+/// another host (see the module docs), and the agent serves this host only.
 /// Fails at once, serving nobody, when the OS random source cannot be read.
 pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
     let seed = random_u64()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot read the OS random source (getrandom): {e}")))?;
     raise_fd_limit();
     let signals = signal_fd()?;
-    let udp = match config.cm_port {
-        0 => None,
+    let privileged = config.cm_port != 0 && config.cm_port < unprivileged_port_start();
+    if config.cm_port != 0 && !privileged {
+        warn!(
+            "CM port {} is not privileged on this host (net.ipv4.ip_unprivileged_port_start = {}): \
+             any local user may bind it, and a CM message from it does not prove that it comes from \
+             a host's agent",
+            config.cm_port,
+            unprivileged_port_start()
+        );
+    }
+    let (udp, down) = match config.cm_port {
+        0 => (None, CmDown { errno: 0, reason: NO_CM_PORT.to_string() }),
         port => match CmSocket::bind(port) {
             Ok(s) => {
-                info!(port, dual_stack = s.is_v6(), "CM socket bound");
-                Some(s)
+                info!(port, dual_stack = s.is_v6(), privileged, "CM socket bound");
+                (Some(s), CmDown { errno: 0, reason: String::new() })
             }
             Err(e) => {
-                warn!("cannot bind CM port {port}: {e}; other hosts are unreachable");
-                None
+                let down = CmDown::bind_failed(port, &e);
+                warn!("{}", down.reason);
+                (None, down)
             }
         },
     };
     let mut agent = Agent::new(udp, config, seed);
+    agent.cm_down = down;
+    agent.cm_port_privileged = privileged && agent.udp.is_some();
     let mut idle_since = Some(Instant::now());
     loop {
         let now = Instant::now();
@@ -203,6 +234,52 @@ pub fn run(listener: OwnedFd, config: &Config) -> io::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// Why a request for another host cannot leave with no CM port configured.
+const NO_CM_PORT: &str = "this host's agent runs without a CM port (--cm-port 0 or VIA_CM_PORT=0) \
+                          and serves this host only";
+
+/// Why the agent has no CM socket.
+#[derive(Debug, Clone, Default)]
+struct CmDown {
+    /// The `errno` of the failed bind; 0 when bound or not configured.
+    errno: i32,
+    /// What a client asking for another host is told.
+    reason: String,
+}
+
+impl CmDown {
+    /// `bind` of CM port `port` failed with `e`.  The reason fits in one
+    /// error reply ([`crate::proto::MAX_TEXT`] bytes).
+    fn bind_failed(port: u16, e: &io::Error) -> CmDown {
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        let why = match e.raw_os_error() {
+            Some(libc::EACCES) => {
+                "the port is privileged: run viad as root, or set one unprivileged \
+                                   VIA_CM_PORT on every host (unprotected)"
+            }
+            Some(libc::EADDRINUSE) => "another process holds it (another agent, or a squatter)",
+            _ => "see the agent's log",
+        };
+        CmDown {
+            errno: e.raw_os_error().unwrap_or(0),
+            reason: format!(
+                "this host's agent (uid {uid}) cannot bind CM port {port}: {e}: {why}; it serves this host only"
+            ),
+        }
+    }
+}
+
+/// `net.ipv4.ip_unprivileged_port_start` of this network namespace: ports
+/// below it need root or `CAP_NET_BIND_SERVICE`.  1024 (the kernel's
+/// default, and the rule before the setting existed) when it cannot be read.
+fn unprivileged_port_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .map_or(1024, |n| n.min(u32::from(u16::MAX)) as u16)
 }
 
 /// Blocks SIGTERM/SIGINT and returns a signalfd that becomes readable on them.
@@ -346,6 +423,12 @@ struct Agent {
     cm: Cm,
     udp: Option<CmSocket>,
     cm_port: u16,
+    /// Why `udp` is `None`.
+    cm_down: CmDown,
+    /// The bound CM port is below `ip_unprivileged_port_start`.
+    cm_port_privileged: bool,
+    /// CM datagrams dropped for a source port other than the CM port.
+    cm_refused_source: u64,
     /// The agent's own effective uid.
     owner: u32,
     /// See [`Config::max_connections_per_uid`].
@@ -455,6 +538,9 @@ impl Agent {
             cm: Cm::new(seed),
             udp,
             cm_port: config.cm_port,
+            cm_down: CmDown::default(),
+            cm_port_privileged: false,
+            cm_refused_source: 0,
             // SAFETY: geteuid has no preconditions.
             owner: unsafe { libc::geteuid() },
             max_per_uid: config.max_connections_per_uid,
@@ -918,6 +1004,9 @@ impl Agent {
             ("protocol_errors", self.protocol_errors),
             ("uptime_seconds", uptime),
             ("cm_port", u64::from(cm_port)),
+            ("cm_port_privileged", u64::from(self.cm_port_privileged)),
+            ("cm_bind_errno", self.cm_down.errno as u64),
+            ("cm_refused_source", self.cm_refused_source),
             ("remote_pending", remote_waiting),
             ("remote_held", self.cm.held.len() as u64),
             ("cm_requests_sent", s.requests_sent),
@@ -1001,6 +1090,13 @@ impl Agent {
         let Some(endpoint) = decode_endpoint(&c.info) else {
             return self.invalid(token, "info of a request for another host is not an endpoint");
         };
+        if self.udp.is_none() {
+            debug!(client = token, pid = c.pid, host = ?c.remote_host, "no CM port");
+            self.unreachable += 1;
+            self.cm.stats.unreachable += 1;
+            let message = self.cm_down.reason.clone();
+            return self.finish(token, &Reply::Error { kind: ErrorKind::NoCmPort, message });
+        }
         let Some(dest) = self.cm_dest(&c.remote_host) else {
             debug!(client = token, pid = c.pid, host = ?c.remote_host, "unreachable");
             self.unreachable += 1;
@@ -1059,12 +1155,33 @@ impl Agent {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => return debug!("CM receive failed: {e}"),
             };
-            match CmMessage::decode(&buf[..n]) {
-                Ok(msg) => self.cm_message(src, msg, Instant::now()),
-                Err(e) => {
-                    self.cm.stats.malformed += 1;
-                    debug!(%src, len = n, "malformed CM datagram: {e}");
-                }
+            self.cm_datagram(src, &buf[..n], Instant::now());
+        }
+    }
+
+    /// Takes one datagram that arrived on the CM socket from `src`: only
+    /// from the CM port of the other host (see the module docs).
+    fn cm_datagram(&mut self, src: SocketAddr, bytes: &[u8], now: Instant) {
+        if src.port() != self.cm_port {
+            self.cm_refused_source += 1;
+            // Loud on the first and then ever more rarely: a flood must not
+            // flood the log too.
+            match self.cm_refused_source.is_power_of_two() {
+                true => warn!(
+                    %src,
+                    refused = self.cm_refused_source,
+                    "CM datagram refused: CM messages come only from port {}",
+                    self.cm_port
+                ),
+                false => debug!(%src, len = bytes.len(), "CM datagram from another port refused"),
+            }
+            return;
+        }
+        match CmMessage::decode(bytes) {
+            Ok(msg) => self.cm_message(src, msg, now),
+            Err(e) => {
+                self.cm.stats.malformed += 1;
+                debug!(%src, len = bytes.len(), "malformed CM datagram: {e}");
             }
         }
     }
@@ -1407,6 +1524,131 @@ mod tests {
         peer
     }
 
+    fn endpoint(addr: &str) -> CmEndpoint {
+        CmEndpoint {
+            addr: addr.parse().unwrap(),
+            vi: 1,
+            key: 2,
+            reliability: 0,
+            max_transfer: 4096,
+            rdma_write: false,
+            rdma_read: false,
+            segment: 1400,
+            payload_crc: true,
+            ether: None,
+            large_packets: false,
+            placed_acks: false,
+        }
+    }
+
+    /// The replies waiting on a client's end of its connection (without
+    /// waiting for more).
+    fn replies(peer: &OwnedFd) -> Vec<Reply> {
+        // SAFETY: fcntl on a descriptor this test owns.
+        unsafe {
+            let flags = libc::fcntl(peer.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(peer.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        let mut out = Vec::new();
+        while let Ok(Some(msg)) = sock::recv(peer.as_fd()) {
+            out.push(Reply::decode(&msg.data).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn cm_datagrams_from_another_port_are_refused_before_they_are_read() {
+        let mut agent = agent();
+        assert_eq!(agent.cm_port, CM_PORT);
+        let now = Instant::now();
+        let host_b: IpAddr = "198.51.100.2".parse().unwrap();
+        let agent_b = SocketAddr::new(host_b, CM_PORT);
+        // Client 3 waits for the answer to its request to host b.
+        let (id, _) = agent.cm.start(3, agent_b, |id| Some(id.to_be_bytes().to_vec()), None, now).unwrap();
+        let client = add_client(&mut agent, 3, State::Forwarded { id, peer: false });
+        let forged_ep = endpoint("198.51.100.2:4444");
+        let request = CmMessage::Request {
+            id: 5,
+            from_host: vec![198, 51, 100, 2],
+            from_disc: b"c".to_vec(),
+            to_host: vec![127, 0, 0, 1],
+            to_disc: b"s".to_vec(),
+            peer: false,
+            endpoint: forged_ep.clone(),
+        };
+        let forged = [
+            CmMessage::Accept { id, endpoint: forged_ep.clone() },
+            CmMessage::Reject { id },
+            CmMessage::NoMatch { id },
+            CmMessage::Ack { id },
+            CmMessage::KeepAlive { nonce: 1 },
+            request,
+        ];
+        // From host b, but from any port but the CM port: a user's process
+        // there (1023 and 0 included), or the agent's own socket elsewhere.
+        let mut sent = 0;
+        for port in [CM_PORT + 1, 1023, 40000, 0, 5197] {
+            let src = SocketAddr::new(host_b, port);
+            for msg in &forged {
+                agent.cm_datagram(src, &msg.encode(), now);
+                sent += 1;
+            }
+            agent.cm_datagram(src, b"garbage", now);
+            sent += 1;
+        }
+        assert_eq!(agent.cm_refused_source, sent);
+        // None was read: the request waits as it did, unacknowledged.
+        assert!(matches!(agent.state(3), Some(State::Forwarded { id: i, .. }) if *i == id));
+        assert!(agent.cm.outgoing.get(&id).is_some_and(|o| !o.acked));
+        assert!(agent.cm.held.is_empty());
+        assert_eq!((agent.cm.stats.malformed, agent.cm.stats.accepts, agent.cm.stats.rejects), (0, 0, 0));
+        assert!(replies(&client).is_empty());
+        let counters: BTreeMap<String, u64> = agent.counters().into_iter().collect();
+        assert_eq!(counters["cm_refused_source"], sent);
+
+        // From the CM port, the same bytes are read.
+        agent.cm_datagram(agent_b, b"garbage", now);
+        assert_eq!(agent.cm.stats.malformed, 1);
+        let real_ep = endpoint("198.51.100.2:5555");
+        agent.cm_datagram(agent_b, &CmMessage::Accept { id, endpoint: real_ep.clone() }.encode(), now);
+        assert_eq!(replies(&client), vec![Reply::Matched { remote_info: encode_endpoint(&real_ep), remote: true }]);
+        assert!(agent.cm.outgoing.is_empty() && !agent.clients.contains_key(&3));
+        assert_eq!((agent.cm.stats.accepts, agent.cm_refused_source), (1, sent));
+    }
+
+    #[test]
+    fn a_request_for_another_host_without_a_cm_port_fails_at_once_and_says_why() {
+        for (errno, says) in [(libc::EACCES, "privileged"), (libc::EADDRINUSE, "another process holds")] {
+            let mut agent = agent();
+            agent.cm_down = CmDown::bind_failed(CM_PORT, &io::Error::from_raw_os_error(errno));
+            let client = add_client(&mut agent, 1, State::New);
+            let (inbox, _) = sock::pair().unwrap();
+            let req = ConnectReq {
+                local_host: vec![127, 0, 0, 1],
+                local_disc: b"c".to_vec(),
+                remote_host: vec![198, 51, 100, 2],
+                remote_disc: b"s".to_vec(),
+                info: encode_endpoint(&endpoint("127.0.0.1:4000")),
+                timeout_ms: 10_000,
+                segment_bytes: 0,
+                pid: 1,
+            };
+            agent.handle(1, Request::Connect(req), vec![inbox]);
+            let got = replies(&client);
+            let [Reply::Error { kind: ErrorKind::NoCmPort, message }] = got.as_slice() else {
+                panic!("{got:?}");
+            };
+            assert!(message.contains(&format!("cannot bind CM port {CM_PORT}")), "{message}");
+            assert!(message.contains(says), "{message}");
+            // The whole reason reaches the client.
+            assert!(message.ends_with("it serves this host only"), "{message}");
+            assert!(!agent.clients.contains_key(&1) && agent.cm.outgoing.is_empty());
+            let counters: BTreeMap<String, u64> = agent.counters().into_iter().collect();
+            assert_eq!((counters["cm_port"], counters["cm_bind_errno"]), (0, errno as u64));
+            assert_eq!((counters["unreachable"], counters["cm_unreachable"]), (1, 1));
+        }
+    }
+
     #[test]
     fn random_numbers_come_from_the_os() {
         let (a, b) = (random_u64().unwrap(), random_u64().unwrap());
@@ -1439,21 +1681,8 @@ mod tests {
     fn a_listener_that_does_not_answer_in_time_gives_the_request_back() {
         let mut agent = agent();
         let now = Instant::now();
-        let src: SocketAddr = "10.0.0.1:5197".parse().unwrap();
-        let endpoint = CmEndpoint {
-            addr: "10.0.0.1:4000".parse().unwrap(),
-            vi: 1,
-            key: 2,
-            reliability: 0,
-            max_transfer: 4096,
-            rdma_write: false,
-            rdma_read: false,
-            segment: 1400,
-            payload_crc: true,
-            ether: None,
-            large_packets: false,
-            placed_acks: false,
-        };
+        let src = SocketAddr::new([10, 0, 0, 1].into(), CM_PORT);
+        let endpoint = endpoint("10.0.0.1:4000");
         let held = Held {
             seq: 0,
             from_host: vec![10, 0, 0, 1],

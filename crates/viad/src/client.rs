@@ -37,8 +37,10 @@
 //! socket's impostor), and with [`AgentError::Unavailable`] when starting one
 //! failed.  Processes pair up only through one agent: those of a user sent
 //! to its own agent do not meet processes that use the configured one, and
-//! that agent reaches other hosts only if it could bind the CM port (it says
-//! so in its log when it could not).
+//! that agent reaches other hosts only if it could bind the CM port (a
+//! privileged port by default, which an agent of a user other than root
+//! cannot bind): when it could not, a request for another host fails at
+//! once with [`AgentError::NoCmPort`], which says why.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -111,6 +113,12 @@ pub enum AgentError {
     /// The agent refused: this uid holds as many connections to it as it may.
     #[error("VI agent limit reached: {0}")]
     Limit(String),
+    /// A request for another host, and this host's agent has no CM port:
+    /// it could not bind it (the reason says why: not root, or another
+    /// process holds the port) or runs without one.  It serves this host
+    /// only.
+    #[error("other hosts are unreachable: {0}")]
+    NoCmPort(String),
 }
 
 /// An open device: keeps its connection to the agent open while it lives.
@@ -291,7 +299,8 @@ pub fn listen(
 /// Asks for a listener; on success this process is side A.  For a listener
 /// on another host: `Err(Rejected)` if it rejects, `Err(NoMatch)` if that
 /// host's agent received the request but no listener answered in time,
-/// `Err(Unreachable)` if no agent there ever answered.
+/// `Err(Unreachable)` if no agent there ever answered, and at once
+/// `Err(NoCmPort)` if this host's agent has no CM port.
 pub fn connect(req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
     Agent::from_env().connect(req, timeout)
 }
@@ -564,6 +573,7 @@ fn exchange(
         Reply::Error { kind: ErrorKind::UnknownDevice, message } => Err(AgentError::UnknownDevice(message)),
         Reply::Error { kind: ErrorKind::PermissionDenied, message } => Err(AgentError::PermissionDenied(message)),
         Reply::Error { kind: ErrorKind::Limit, message } => Err(AgentError::Limit(message)),
+        Reply::Error { kind: ErrorKind::NoCmPort, message } => Err(AgentError::NoCmPort(message)),
         Reply::Error { message, .. } => Err(AgentError::Protocol(message)),
         reply => Ok((reply, msg.fds)),
     }

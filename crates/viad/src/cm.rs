@@ -482,7 +482,7 @@ mod tests {
     fn request_retransmission_schedule() {
         let t0 = Instant::now();
         let mut cm = Cm::new(u64::MAX);
-        let dest: SocketAddr = "10.0.0.2:5197".parse().unwrap();
+        let dest: SocketAddr = "10.0.0.2:60".parse().unwrap();
         let (id, first) = cm.start(7, dest, |id| Some(id.to_be_bytes().to_vec()), None, t0).unwrap();
         assert_eq!((id, first), (u64::MAX, u64::MAX.to_be_bytes().to_vec()));
         // Nine more copies 100 ms apart, then 500 ms apart.
@@ -504,7 +504,7 @@ mod tests {
     fn an_acknowledged_request_slows_down_and_times_out_as_no_match() {
         let t0 = Instant::now();
         let mut cm = Cm::new(1);
-        let dest: SocketAddr = "[fd77::2]:5197".parse().unwrap();
+        let dest: SocketAddr = "[fd77::2]:60".parse().unwrap();
         let deadline = Some(t0 + ms(2000));
         let (id, _) = cm.start(3, dest, |_| Some(vec![1]), deadline, t0).unwrap();
         assert_eq!(sends(&cm.poll(t0 + ms(100))), 1);
@@ -522,7 +522,7 @@ mod tests {
     fn an_unanswered_request_times_out_as_unreachable() {
         let t0 = Instant::now();
         let mut cm = Cm::new(1);
-        let dest: SocketAddr = "10.0.0.2:5197".parse().unwrap();
+        let dest: SocketAddr = "10.0.0.2:60".parse().unwrap();
         cm.start(4, dest, |_| Some(vec![1]), Some(t0 + ms(250)), t0);
         assert_eq!(cm.next_deadline(), Some(t0 + ms(100)));
         assert_eq!(sends(&cm.poll(t0 + ms(100))), 1);
@@ -537,8 +537,8 @@ mod tests {
     fn duplicates_refresh_one_entry() {
         let t0 = Instant::now();
         let mut cm = Cm::new(1);
-        let a: SocketAddr = "10.0.0.1:5197".parse().unwrap();
-        let b: SocketAddr = "10.0.0.3:5197".parse().unwrap();
+        let a: SocketAddr = "10.0.0.1:60".parse().unwrap();
+        let b: SocketAddr = "10.0.0.3:60".parse().unwrap();
         assert_eq!(cm.arrive(a, 9, held(1, t0)), Arrival::New);
         let ack = CmMessage::Ack { id: 9 }.encode();
         for k in 1..=5 {
@@ -566,7 +566,7 @@ mod tests {
     fn held_requests_expire_after_their_last_copy() {
         let t0 = Instant::now();
         let mut cm = Cm::new(1);
-        let a: SocketAddr = "10.0.0.1:5197".parse().unwrap();
+        let a: SocketAddr = "10.0.0.1:60".parse().unwrap();
         cm.arrive(a, 1, held(1, t0));
         cm.arrive(a, 2, held(2, t0));
         cm.held.get_mut(&(a, 2)).unwrap().state = HeldState::Delivered(7);
@@ -590,7 +590,7 @@ mod tests {
     fn answers_are_retransmitted_until_acknowledged_or_given_up() {
         let t0 = Instant::now();
         let mut cm = Cm::new(1);
-        let a: SocketAddr = "10.0.0.1:5197".parse().unwrap();
+        let a: SocketAddr = "10.0.0.1:60".parse().unwrap();
         cm.arrive(a, 1, held(1, t0));
         cm.arrive(a, 2, held(2, t0));
         cm.answer((a, 1), vec![1], Some(11), t0);
@@ -624,7 +624,7 @@ mod tests {
     fn refused_answers_and_finished_requests() {
         let t0 = Instant::now();
         let mut cm = Cm::new(1);
-        let a: SocketAddr = "10.0.0.1:5197".parse().unwrap();
+        let a: SocketAddr = "10.0.0.1:60".parse().unwrap();
         cm.arrive(a, 1, held(1, t0));
         // Only an answered request can be refused.
         assert_eq!(cm.answer_refused((a, 1)), None);

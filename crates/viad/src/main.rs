@@ -19,7 +19,10 @@ usage: viad [--daemon] [--idle-timeout SECONDS] [--socket NAME] [--cm-port PORT]
   --idle-timeout N      exit after N seconds without clients (default 10, 0 = never)
   --socket NAME         abstract socket name (default $VIA_AGENT_SOCKET or openvia-viad)
   --cm-port PORT        UDP port of the connection managers of all hosts
-                        (default $VIA_CM_PORT or 5197; 0 = this host only)
+                        (default $VIA_CM_PORT or 60; 0 = this host only).
+                        The default is privileged: only root binds it, and
+                        messages from it come from a host's agent; a port of
+                        1024 or more gives that protection up
   --max-connections-per-uid N
                         most connections one uid may hold at the agent
                         (default 1024; root and the agent's own uid are exempt)

@@ -128,6 +128,9 @@ pub enum ErrorKind {
     /// The client's uid holds as many connections to the agent as it may
     /// (see `agent::Config::max_connections_per_uid`); the connection is closed.
     Limit,
+    /// A request for another host, and this agent has no CM port (it could
+    /// not bind it, or runs without one); the message says why.
+    NoCmPort,
 }
 
 impl ErrorKind {
@@ -138,6 +141,7 @@ impl ErrorKind {
             ErrorKind::Invalid => 2,
             ErrorKind::PermissionDenied => 3,
             ErrorKind::Limit => 4,
+            ErrorKind::NoCmPort => 5,
         }
     }
 
@@ -148,6 +152,7 @@ impl ErrorKind {
             2 => Ok(ErrorKind::Invalid),
             3 => Ok(ErrorKind::PermissionDenied),
             4 => Ok(ErrorKind::Limit),
+            5 => Ok(ErrorKind::NoCmPort),
             _ => Err(ProtoError("bad error kind")),
         }
     }
@@ -600,6 +605,7 @@ mod tests {
             Reply::Error { kind: ErrorKind::Invalid, message: "bad segment size".into() },
             Reply::Error { kind: ErrorKind::PermissionDenied, message: "only uid 0 may stop".into() },
             Reply::Error { kind: ErrorKind::Limit, message: String::new() },
+            Reply::Error { kind: ErrorKind::NoCmPort, message: "cannot bind CM port 60".into() },
         ]
     }
 
@@ -641,8 +647,8 @@ mod tests {
         // A remote flag other than 0 or 1.
         assert_eq!(Reply::decode(&[VERSION, 0x83, 0, 0, 2]), Err(ProtoError("bad flag")));
         assert_eq!(Reply::decode(&[VERSION, 0x83, 0, 0, 1]), Ok(Reply::Matched { remote_info: vec![], remote: true }));
-        // Error kinds are 1 to 4.
-        for (code, ok) in [(0, false), (1, true), (4, true), (5, false), (0xff, false)] {
+        // Error kinds are 1 to 5.
+        for (code, ok) in [(0, false), (1, true), (5, true), (6, false), (0xff, false)] {
             assert_eq!(Reply::decode(&[VERSION, 0x89, code, 0, 0]).is_ok(), ok, "kind {code}");
         }
         // An answer carries no more than its info.

@@ -10,6 +10,8 @@ use viad::client::{encode_endpoint, Agent, AgentError, ConnFds, Incoming, Reques
 use viad::proto::{self, ListenReq};
 use viad::sock;
 
+mod odd_cm;
+
 const LO: [u8; 4] = [127, 0, 0, 1];
 /// The one size of connection segment the agent creates.
 const SEGMENT: usize = via_shm::CONN_SEGMENT_BYTES;
@@ -207,7 +209,8 @@ fn connect_then_listen_and_timeouts() {
 
 #[test]
 fn unreachable_host() {
-    // Without a CM port, another host is unreachable at once.
+    // Without a CM port, another host is unreachable at once, and the agent
+    // says why.
     let v = Viad::start("unr", &[]);
     let ib = inbox();
     let ep = CmEndpoint {
@@ -228,14 +231,36 @@ fn unreachable_host() {
     let t = Instant::now();
     let mut req = request(b"c", &[10, 255, 255, 1], b"svc", ib.as_fd());
     req.info = &info;
-    assert!(matches!(v.agent.connect(&req, Duration::from_secs(5)), Err(AgentError::Unreachable)));
+    let no_cm_port = |r: Result<_, AgentError>| match r {
+        Err(AgentError::NoCmPort(why)) => why,
+        other => panic!("{other:?}"),
+    };
+    let why = no_cm_port(v.agent.connect(&req, Duration::from_secs(5)));
+    assert!(why.contains("without a CM port"), "{why}");
     // A peer request for a host with a smaller address would wait for that
     // host's request; one with a larger address would be forwarded.
     req.local_host = &[10, 255, 255, 2];
-    assert!(matches!(v.agent.peer_connect(&req, Duration::from_secs(5)), Err(AgentError::Unreachable)));
+    no_cm_port(v.agent.peer_connect(&req, Duration::from_secs(5)));
+    req.local_host = &[10, 255, 255, 0];
+    no_cm_port(v.agent.peer_connect(&req, Duration::from_secs(5)));
+    req.local_host = &[127, 0, 0, 1];
     assert!(t.elapsed() < Duration::from_secs(2));
-    assert_eq!((v.stat("unreachable"), v.stat("cm_unreachable")), (2, 2));
-    assert_eq!(v.stat("cm_port"), 0);
+    assert_eq!((v.stat("unreachable"), v.stat("cm_unreachable")), (3, 3));
+    assert_eq!((v.stat("cm_port"), v.stat("cm_bind_errno")), (0, 0));
+
+    // A CM port another process holds: the agent serves this host, and a
+    // request for another host fails at once with the reason.
+    let squatter = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port().to_string();
+    let v = Viad::start("unr-taken", &["--cm-port", &taken]);
+    assert_eq!((v.stat("cm_port"), v.stat("cm_bind_errno")), (0, libc::EADDRINUSE as u64));
+    let t = Instant::now();
+    let why = no_cm_port(v.agent.connect(&req, Duration::from_secs(5)));
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(why.contains(&format!("cannot bind CM port {taken}")) && why.contains("another process holds"), "{why}");
+    let (_session, dev) = v.agent.open_session("via_lo", None).unwrap();
+    assert_eq!(dev.name, "via_lo");
+    drop(squatter);
 
     // With one, the request is sent until its timeout, then Unreachable.
     let port = {
@@ -426,87 +451,34 @@ fn sigterm_exits_cleanly() {
     assert!(v.await_exit(Duration::from_secs(5)).success());
 }
 
+/// CM messages from a port other than the CM port (here: every port of
+/// this host but the agent's own) are refused before they are read, however
+/// well-formed.  (`cross_host.rs` sends the same ones from the CM port.)
 #[test]
-fn cm_port_survives_garbage_and_odd_messages() {
+fn cm_messages_from_another_port_are_refused_unread() {
     let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
     let port = probe.local_addr().unwrap().port();
     drop(probe);
     let v = Viad::start("cmfuzz", &["--cm-port", &port.to_string()]);
+    assert_eq!(v.stat("cm_port"), u64::from(port));
+    // Above ip_unprivileged_port_start, the port proves nothing.
+    assert_eq!(v.stat("cm_port_privileged"), 0);
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let dest = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let ep = CmEndpoint {
-        addr: "[::1]:9".parse().unwrap(),
-        vi: 1,
-        key: 2,
-        reliability: 0,
-        max_transfer: 4096,
-        rdma_write: true,
-        rdma_read: true,
-        segment: 1400,
-        payload_crc: true,
-        ether: None,
-        large_packets: false,
-        placed_acks: false,
-    };
-    // A small deterministic generator keeps the test reproducible.
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut malformed = 0;
-    for round in 0..3000u64 {
-        let r = next();
-        let bytes: Vec<u8> = match round % 3 {
-            // Raw garbage, and valid messages with one byte changed.
-            0 => (0..r % 80).map(|_| next() as u8).collect(),
-            1 => {
-                let mut b = via_wire::cm::CmMessage::Ack { id: r }.encode();
-                let at = (next() as usize) % b.len();
-                b[at] ^= 1 + (next() as u8 % 255);
-                b
-            }
-            // Well-formed messages with odd contents: hosts of every length,
-            // this host or not, unknown ids, either model.
-            _ => {
-                let host = |n: u64| -> Vec<u8> {
-                    match n % 4 {
-                        0 => vec![127, 0, 0, 1],
-                        1 => std::net::Ipv6Addr::LOCALHOST.octets().to_vec(),
-                        _ => (0..n % 17).map(|i| i as u8).collect(),
-                    }
-                };
-                let msg = match r % 6 {
-                    0 | 1 => via_wire::cm::CmMessage::Request {
-                        id: next() % 8,
-                        from_host: host(next()),
-                        from_disc: vec![1; (next() % 65) as usize],
-                        to_host: host(next()),
-                        to_disc: vec![2; (next() % 65) as usize],
-                        peer: next() % 2 == 0,
-                        endpoint: ep.clone(),
-                    },
-                    2 => via_wire::cm::CmMessage::Accept { id: next() % 8, endpoint: ep.clone() },
-                    3 => via_wire::cm::CmMessage::Reject { id: next() % 8 },
-                    4 => via_wire::cm::CmMessage::NoMatch { id: next() % 8 },
-                    _ => via_wire::cm::CmMessage::Ack { id: next() % 8 },
-                };
-                msg.encode()
-            }
-        };
-        if via_wire::cm::CmMessage::decode(&bytes).is_err() {
-            malformed += 1;
-        }
-        sock.send_to(&bytes, dest).unwrap();
-        if round % 100 == 0 {
+    let (datagrams, malformed) = odd_cm::datagrams(3000);
+    for (i, bytes) in datagrams.iter().enumerate() {
+        sock.send_to(bytes, dest).unwrap();
+        if i % 100 == 0 {
             // Stay below the socket buffer, so nothing is dropped uncounted.
             thread::sleep(Duration::from_millis(5));
         }
     }
-    v.await_stat("cm_malformed", malformed);
-    assert!(v.stat("cm_requests_received") > 0);
+    assert!(malformed > 0);
+    v.await_stat("cm_refused_source", 3000);
+    assert_eq!((v.stat("cm_malformed"), v.stat("cm_requests_received")), (0, 0));
+    // Nothing was answered.
+    sock.set_nonblocking(true).unwrap();
+    assert!(sock.recv_from(&mut [0u8; 64]).is_err());
     // The agent still serves its own host.
     let (_session, dev) = v.agent.open_session("via_lo", None).unwrap();
     assert_eq!(dev.name, "via_lo");

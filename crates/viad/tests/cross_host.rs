@@ -21,6 +21,8 @@ use via_wire::cm::{CmEndpoint, CmMessage, CM_PORT};
 use viad::agent::ANSWER_TIME;
 use viad::client::{decode_endpoint, encode_endpoint, Agent, AgentError, Incoming, Matched, Request, Side, Transport};
 
+mod odd_cm;
+
 const VIAD: &str = env!("CARGO_BIN_EXE_viad");
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -313,6 +315,8 @@ fn accept_across_hosts() {
     let a = NsAgent::start(&net.a, &[], &[]);
     let b = NsAgent::start(&net.b, &[], &[]);
     assert_eq!(a.stat("cm_port"), u64::from(CM_PORT));
+    // The default CM port is privileged; these agents run as root.
+    assert_eq!((a.stat("cm_port_privileged"), a.stat("cm_bind_errno")), (1, 0));
     let (a4, b4) = (net.a4, net.b4);
     let ep_a = endpoint(&format!("10.77.{}.1:40001", a4[2]), 1);
     let ep_b = endpoint(&format!("10.77.{}.2:40002", a4[2]), 2);
@@ -503,8 +507,9 @@ fn retransmitted_requests_are_delivered_once() {
     let b = NsAgent::start(&net.b, &[], &[]);
     let (a4, b4) = (net.a4, net.b4);
     let agent_b: SocketAddr = (std::net::Ipv4Addr::from(b4), CM_PORT).into();
-    // A fake requesting agent: a plain UDP socket on host a.
-    let sock = in_ns(&net.a, || UdpSocket::bind("0.0.0.0:0").unwrap()).join().unwrap();
+    // A fake requesting agent: a plain UDP socket on host a's CM port (as
+    // root: the port is privileged).
+    let sock = in_ns(&net.a, || UdpSocket::bind(("0.0.0.0", CM_PORT)).unwrap()).join().unwrap();
     let ep_a = endpoint(&format!("10.77.{}.1:40001", a4[2]), 1);
     let ep_b = endpoint(&format!("10.77.{}.2:40002", a4[2]), 2);
     let request = |id: u64, to_host: &[u8]| {
@@ -582,10 +587,65 @@ fn retransmitted_requests_are_delivered_once() {
     b.await_stat("cm_malformed", 3);
     assert_eq!(b.stat("cm_requests_received"), 2);
     // An accept for a request the agent does not know is refused.
-    let stray = CmMessage::Accept { id: 12345, endpoint: ep_a };
+    let stray = CmMessage::Accept { id: 12345, endpoint: ep_a.clone() };
     sock.send_to(&stray.encode(), agent_b).unwrap();
     let got = receive(&sock, |m| matches!(m, CmMessage::NoMatch { .. }));
     assert_eq!(got.last(), Some(&CmMessage::NoMatch { id: 12345 }));
+
+    // The same messages from another port of host a are dropped unread
+    // and unanswered.
+    let other = in_ns(&net.a, || UdpSocket::bind("0.0.0.0:0").unwrap()).join().unwrap();
+    let forged = [request(81, &b4), CmMessage::KeepAlive { nonce: 6 }.encode(), stray.encode(), b"hello".to_vec()];
+    for d in &forged {
+        other.send_to(d, agent_b).unwrap();
+    }
+    b.await_stat("cm_refused_source", forged.len() as u64);
+    other.set_read_timeout(Some(ms(300))).unwrap();
+    assert!(other.recv_from(&mut [0u8; 2048]).is_err(), "an answer to another port");
+    let s = b.stats();
+    assert_eq!((s["cm_requests_received"], s["cm_malformed"]), (2, 3));
+}
+
+#[test]
+fn cm_port_survives_garbage_and_odd_messages() {
+    let Some(net) = Net::new("cm_port_survives_garbage_and_odd_messages") else {
+        return;
+    };
+    let b = NsAgent::start(&net.b, &[], &[]);
+    let agent_b: SocketAddr = (std::net::Ipv4Addr::from(net.b4), CM_PORT).into();
+    // From host a's CM port, so that the agent reads every one.
+    let sock = in_ns(&net.a, || UdpSocket::bind(("0.0.0.0", CM_PORT)).unwrap()).join().unwrap();
+    let (datagrams, malformed) = odd_cm::datagrams(3000);
+    for (i, bytes) in datagrams.iter().enumerate() {
+        sock.send_to(bytes, agent_b).unwrap();
+        if i % 100 == 0 {
+            // Stay below the socket buffer, so nothing is dropped uncounted.
+            thread::sleep(ms(5));
+        }
+    }
+    b.await_stat("cm_malformed", malformed);
+    assert!(b.stat("cm_requests_received") > 0);
+    assert_eq!(b.stat("cm_refused_source"), 0);
+    // The agent still serves its own host.
+    let (_, dev) = b.run(|agent| agent.open_session("via_veth0", None).unwrap());
+    assert_eq!(dev.host_addr, net.b4.to_vec());
+}
+
+#[test]
+fn a_cm_port_that_is_not_privileged_here_is_reported() {
+    let Some(net) = Net::new("a_cm_port_that_is_not_privileged_here_is_reported") else {
+        return;
+    };
+    // Host a lets every user bind every port.
+    let lowered = Command::new("ip")
+        .args(["netns", "exec", &net.a, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start"])
+        .status()
+        .unwrap();
+    assert!(lowered.success());
+    let a = NsAgent::start(&net.a, &[], &[]);
+    let b = NsAgent::start(&net.b, &[], &[]);
+    assert_eq!((a.stat("cm_port"), a.stat("cm_port_privileged")), (u64::from(CM_PORT), 0));
+    assert_eq!((b.stat("cm_port"), b.stat("cm_port_privileged")), (u64::from(CM_PORT), 1));
 }
 
 #[test]

@@ -20,9 +20,14 @@
 //! via-hostile silent DISC SECONDS            connects and never says Ready
 //! via-hostile big-segment DISC               asks for a 256 MiB connection segment
 //! via-hostile impostor NAME DIR SECONDS       poses as the agent on @NAME; writes what it got to DIR
+//! via-hostile cm-bind PORT                   tries to bind the CM port before the agent (EACCES expected)
+//! via-hostile cm-forge ADDR PORT ID DIR SECS forged CM answers for request ID (and guessed ids) to the
+//!                                            agent at ADDR:PORT, from an unprivileged port; the count
+//!                                            sent goes to DIR/forged.count
 //! ```
 
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::ExitCode;
@@ -34,6 +39,7 @@ use via_provider::endpoint::{Endpoint, PeerMessage, NO_CQ};
 use via_provider::peer_channel;
 use via_provider::timeout::Deadline;
 use via_shm::{Bell, ConnSegment, Inbox, RecvSeg, SharedRegion, Side, TableSegment, CONN_SEGMENT_BYTES};
+use via_wire::cm::{CmEndpoint, CmMessage};
 use viad::client::{self, ConnFds, Request, Session};
 
 /// The VI attributes both sides of every attack use (victim.c agrees).
@@ -59,6 +65,11 @@ fn main() -> ExitCode {
         ["silent", disc, secs] => silent(disc, parse(secs)),
         ["big-segment", disc] => big_segment(disc),
         ["impostor", name, dir, secs] => impostor(name, Path::new(dir), parse(secs)),
+        ["cm-bind", port] => cm_bind(parse(port) as u16),
+        ["cm-forge", addr, port, id, dir, secs] => match addr.parse() {
+            Ok(addr) => cm_forge(addr, parse(port) as u16, parse(id), Path::new(dir), parse(secs)),
+            Err(_) => Err(format!("not an IP address: {addr}")),
+        },
         _ => {
             eprintln!("usage: see the module documentation of tests/hostile/src/main.rs");
             return ExitCode::from(2);
@@ -658,5 +669,103 @@ fn impostor(name: &str, dir: &Path, secs: u64) -> Outcome {
     match bytes + fds {
         0 => Ok(()),
         _ => Err(format!("a VIA process talked to the impostor: {got}")),
+    }
+}
+
+/// A local user squatting the CM port: binds it before the agent does, on
+/// both address families.  The port is privileged: the kernel must refuse
+/// with `EACCES` (an IPv6 socket may be unavailable: skipped).
+fn cm_bind(port: u16) -> Outcome {
+    let addrs = [SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)), SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))];
+    for addr in addrs {
+        match UdpSocket::bind(addr) {
+            Ok(_) => return Err(format!("bound UDP {addr}: another user holds the CM port")),
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => println!("hostile: bind UDP {addr}: {e}"),
+            Err(e) if addr.is_ipv6() && e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {}
+            Err(e) => return Err(format!("bind UDP {addr}: {e}, not EACCES")),
+        }
+    }
+    Ok(())
+}
+
+/// A local user answers for the agent: for `secs` seconds it sends the
+/// agent at `addr:port` forged CM answers to request `id` (which it saw on
+/// the wire, say) and to ids it guesses, from an unprivileged port: an
+/// Accept naming its own socket as the listener's endpoint, Ack, NoMatch,
+/// Reject, and a Request of its own.  The agent must read none of them:
+/// nothing may come back to that socket (no answer from the agent, no
+/// datagram from a client that took the forged Accept).  Writes the count
+/// sent to DIR/forged.count.
+fn cm_forge(addr: IpAddr, port: u16, id: u64, dir: &Path, secs: u64) -> Outcome {
+    let agent = SocketAddr::new(addr, port);
+    let unspecified: IpAddr = match addr {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let sock = UdpSocket::bind((unspecified, 0)).map_err(|e| format!("bind: {e}"))?;
+    sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+    // This host's address towards the agent: the forged endpoint's.
+    let probe = UdpSocket::bind((unspecified, 0)).map_err(|e| format!("bind: {e}"))?;
+    probe.connect(agent).map_err(|e| format!("no route to {agent}: {e}"))?;
+    let me = SocketAddr::new(probe.local_addr().map_err(|e| e.to_string())?.ip(), sock.local_addr().unwrap().port());
+    let endpoint = CmEndpoint {
+        addr: me,
+        vi: 1,
+        key: 0x5eed_5eed_5eed_5eed,
+        reliability: via_core::consts::SERVICE_RELIABLE_DELIVERY,
+        max_transfer: MAX_TRANSFER as u32,
+        rdma_write: true,
+        rdma_read: false,
+        segment: 1400,
+        payload_crc: true,
+        ether: None,
+        large_packets: false,
+        placed_acks: false,
+    };
+    let own_host = match me.ip() {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let to_host = match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let mut guess = id ^ std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    let (mut sent, mut got) = (0u64, Vec::new());
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        guess = guess.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        for id in [id, guess] {
+            let forged = [
+                CmMessage::Accept { id, endpoint: endpoint.clone() },
+                CmMessage::Ack { id },
+                CmMessage::NoMatch { id },
+                CmMessage::Reject { id },
+                CmMessage::Request {
+                    id,
+                    from_host: own_host.clone(),
+                    from_disc: b"squatter".to_vec(),
+                    to_host: to_host.clone(),
+                    to_disc: b"squatter".to_vec(),
+                    peer: false,
+                    endpoint: endpoint.clone(),
+                },
+            ];
+            for msg in &forged {
+                sock.send_to(&msg.encode(), agent).map_err(|e| format!("send to {agent}: {e}"))?;
+                sent += 1;
+            }
+        }
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            got.push(format!("{n} bytes from {from}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(dir.join("forged.count"), sent.to_string()).map_err(|e| e.to_string())?;
+    println!("hostile: sent {sent} forged CM datagrams to {agent} from {me} (request {id} and guessed ids)");
+    match got.len() {
+        0 => Ok(()),
+        n => Err(format!("{n} datagrams came to the forger's port (the first: {})", got[..n.min(5)].join(", "))),
     }
 }
