@@ -226,8 +226,7 @@ fn map_parts(fds: ConnFds, side: Side) -> ViaResult<Parts> {
     peer_channel::expect_credentials(fds.socket.as_fd()).map_err(|e| fail("socket", &e))?;
     let region = SharedRegion::map_exact(fds.segment, CONN_SEGMENT_BYTES).map_err(|e| fail("segment", &e))?;
     let seg = ConnSegment::new(region, side).map_err(|e| fail("segment", &e))?;
-    // The agent hands each side the other's bell (as its "inbox").
-    let peer_bell = provider().peer_bells.map(fds.peer_inbox, Bell::map).map_err(|e| fail("peer bell", &e))?;
+    let peer_bell = provider().peer_bells.map(fds.peer_bell, Bell::map).map_err(|e| fail("peer bell", &e))?;
     Ok(Parts { seg: Arc::new(seg), socket: fds.socket, peer_bell })
 }
 
@@ -492,7 +491,7 @@ fn request<'a>(vi: &'a Vi, remote: &'a NetAddress, local: &'a NetAddress, info: 
         remote_host: &remote.host,
         remote_disc: &remote.disc,
         info,
-        inbox: vi.nic.bell.fd(),
+        bell: vi.nic.bell.fd(),
         segment_bytes: CONN_SEGMENT_BYTES as u64,
     }
 }

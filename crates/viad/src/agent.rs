@@ -368,7 +368,7 @@ struct Waiter {
     remote_disc: Vec<u8>,
     info: Vec<u8>,
     deadline: Option<Instant>,
-    inbox: OwnedFd,
+    bell: OwnedFd,
     /// A peer request for another host, waiting here for that host's
     /// forwarded request: the process's endpoint (decoded `info`).
     endpoint: Option<CmEndpoint>,
@@ -744,7 +744,7 @@ impl Agent {
                 remote_disc: Vec::new(),
                 info: l.info,
                 deadline: deadline_after(now, l.timeout_ms),
-                inbox: fds.remove(0),
+                bell: fds.remove(0),
                 endpoint: None,
             },
             Request::Connect(c) | Request::PeerConnect(c) if !matches!(c.segment_bytes, 0 | SEGMENT_BYTES) => {
@@ -763,7 +763,7 @@ impl Agent {
                 remote_disc: c.remote_disc,
                 info: c.info,
                 deadline: deadline_after(now, c.timeout_ms),
-                inbox: fds.remove(0),
+                bell: fds.remove(0),
                 endpoint: None,
             },
         };
@@ -905,8 +905,8 @@ impl Agent {
                 },
             ),
         };
-        let fds_a = [memfd.as_fd(), s0.as_fd(), b.inbox.as_fd()];
-        let fds_b = [memfd.as_fd(), s1.as_fd(), a.inbox.as_fd()];
+        let fds_a = [memfd.as_fd(), s0.as_fd(), b.bell.as_fd()];
+        let fds_b = [memfd.as_fd(), s1.as_fd(), a.bell.as_fd()];
         let (first, second) = match std::ptr::eq(a, o) {
             true => ((old, &reply_a, fds_a), (new, &reply_b, fds_b)),
             false => ((old, &reply_b, fds_b), (new, &reply_a, fds_a)),
@@ -1086,7 +1086,7 @@ impl Agent {
     }
 
     /// A connect or peer request for another host.
-    fn remote(&mut self, token: u64, kind: Kind, seq: u64, c: ConnectReq, inbox: OwnedFd, now: Instant) {
+    fn remote(&mut self, token: u64, kind: Kind, seq: u64, c: ConnectReq, bell: OwnedFd, now: Instant) {
         let Some(endpoint) = decode_endpoint(&c.info) else {
             return self.invalid(token, "info of a request for another host is not an endpoint");
         };
@@ -1116,7 +1116,7 @@ impl Agent {
                 remote_disc: c.remote_disc,
                 info: c.info,
                 deadline,
-                inbox,
+                bell,
                 endpoint: Some(endpoint),
             };
             return self.wait(token, waiter);
@@ -1622,7 +1622,7 @@ mod tests {
             let mut agent = agent();
             agent.cm_down = CmDown::bind_failed(CM_PORT, &io::Error::from_raw_os_error(errno));
             let client = add_client(&mut agent, 1, State::New);
-            let (inbox, _) = sock::pair().unwrap();
+            let (bell, _) = sock::pair().unwrap();
             let req = ConnectReq {
                 local_host: vec![127, 0, 0, 1],
                 local_disc: b"c".to_vec(),
@@ -1633,7 +1633,7 @@ mod tests {
                 segment_bytes: 0,
                 pid: 1,
             };
-            agent.handle(1, Request::Connect(req), vec![inbox]);
+            agent.handle(1, Request::Connect(req), vec![bell]);
             let got = replies(&client);
             let [Reply::Error { kind: ErrorKind::NoCmPort, message }] = got.as_slice() else {
                 panic!("{got:?}");

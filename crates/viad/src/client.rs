@@ -148,8 +148,8 @@ pub struct ConnFds {
     pub segment: OwnedFd,
     /// This side's end of the connection's socket pair.
     pub socket: OwnedFd,
-    /// The other side's CQ inbox.
-    pub peer_inbox: OwnedFd,
+    /// The other side's bell: the futex words its CQ waits sleep on.
+    pub peer_bell: OwnedFd,
 }
 
 /// A connection request delivered to a listener.
@@ -238,8 +238,8 @@ pub struct Request<'a> {
     pub remote_disc: &'a [u8],
     /// Opaque blob handed to the other side.
     pub info: &'a [u8],
-    /// This process's CQ inbox, handed to the other side.
-    pub inbox: BorrowedFd<'a>,
+    /// This process's bell, handed to the other side.
+    pub bell: BorrowedFd<'a>,
     /// Size of the connection segment wanted.
     pub segment_bytes: u64,
 }
@@ -290,10 +290,10 @@ pub fn listen(
     host: &[u8],
     disc: &[u8],
     info: &[u8],
-    inbox: BorrowedFd,
+    bell: BorrowedFd,
     timeout: Option<Duration>,
 ) -> Result<Incoming, AgentError> {
-    Agent::from_env().listen(host, disc, info, inbox, timeout)
+    Agent::from_env().listen(host, disc, info, bell, timeout)
 }
 
 /// Asks for a listener; on success this process is side A.  For a listener
@@ -379,7 +379,7 @@ impl Agent {
         host: &[u8],
         disc: &[u8],
         info: &[u8],
-        inbox: BorrowedFd,
+        bell: BorrowedFd,
         timeout: Option<Duration>,
     ) -> Result<Incoming, AgentError> {
         let req = ProtoRequest::Listen(ListenReq {
@@ -390,7 +390,7 @@ impl Agent {
             pid: std::process::id(),
         });
         let wait = timeout.and_then(|t| t.checked_add(REPLY_GRACE));
-        let (conn, reply, fds) = self.call(&req, &[inbox], wait, self.autostart)?;
+        let (conn, reply, fds) = self.call(&req, &[bell], wait, self.autostart)?;
         match reply {
             Reply::Incoming { remote_host, remote_disc, remote_info, remote } => Ok(Incoming {
                 remote_host,
@@ -410,13 +410,13 @@ impl Agent {
 
     /// Asks for a listener; see [`connect`].
     pub fn connect(&self, req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
-        self.rendezvous(ProtoRequest::Connect(connect_req(req, timeout)), req.inbox, timeout)
+        self.rendezvous(ProtoRequest::Connect(connect_req(req, timeout)), req.bell, timeout)
     }
 
     /// Asks for the mirror-image peer request; see [`peer_connect`].
     pub fn peer_connect(&self, req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
         let peer = ProtoRequest::PeerConnect(connect_req(req, timeout));
-        self.rendezvous(peer, req.inbox, timeout)
+        self.rendezvous(peer, req.bell, timeout)
     }
 
     /// The agent's counters, by name, fetched a reply's worth at a time
@@ -446,9 +446,9 @@ impl Agent {
         }
     }
 
-    fn rendezvous(&self, req: ProtoRequest, inbox: BorrowedFd, timeout: Duration) -> Result<Matched, AgentError> {
+    fn rendezvous(&self, req: ProtoRequest, bell: BorrowedFd, timeout: Duration) -> Result<Matched, AgentError> {
         let wait = timeout.checked_add(REPLY_GRACE);
-        let (_, reply, fds) = self.call(&req, &[inbox], wait, self.autostart)?;
+        let (_, reply, fds) = self.call(&req, &[bell], wait, self.autostart)?;
         let (side, remote_info, remote) = match reply {
             Reply::Matched { remote_info, remote } if matches!(req, ProtoRequest::Connect(_)) => {
                 (Side::A, remote_info, remote)
@@ -617,10 +617,10 @@ fn connect_req(req: &Request, timeout: Duration) -> ConnectReq {
 }
 
 fn conn_fds(fds: Vec<OwnedFd>) -> Result<ConnFds, AgentError> {
-    let Ok([segment, socket, peer_inbox]) = <[OwnedFd; 3]>::try_from(fds) else {
+    let Ok([segment, socket, peer_bell]) = <[OwnedFd; 3]>::try_from(fds) else {
         return Err(AgentError::Protocol("expected 3 descriptors".into()));
     };
-    Ok(ConnFds { segment, socket, peer_inbox })
+    Ok(ConnFds { segment, socket, peer_bell })
 }
 
 fn unexpected(reply: &Reply) -> AgentError {

@@ -5,7 +5,7 @@
 //! an agent of its own beside it (see [`client`] for which agent a client
 //! trusts, and [`agent`] for what the agent allows each uid).  It resolves device names, counts sessions, and pairs connection
 //! requests by discriminator, handing both sides of a same-host connection
-//! the same connection segment, socket pair and each other's CQ inbox.  It is
+//! the same connection segment, socket pair and each other's bell.  It is
 //! also the host's connection manager: on UDP port [`via_wire::cm::CM_PORT`]
 //! it exchanges the CM messages of [`via_wire::cm`] with the agents of other
 //! hosts, so that processes on different hosts connect by discriminator too

@@ -35,7 +35,7 @@ pub const FOREVER: u64 = u64::MAX;
 #[error("malformed message: {0}")]
 pub struct ProtoError(pub &'static str);
 
-/// A listen request (`VipConnectWait`).  One fd travels with it: the inbox.
+/// A listen request (`VipConnectWait`).  One fd travels with it: the bell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenReq {
     /// Host address of the listening device.
@@ -50,7 +50,7 @@ pub struct ListenReq {
     pub pid: u32,
 }
 
-/// A client-server or peer connection request.  One fd travels with it: the inbox.
+/// A client-server or peer connection request.  One fd travels with it: the bell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectReq {
     /// Host address of the requesting device.
@@ -159,7 +159,7 @@ impl ErrorKind {
 }
 
 /// A reply from the agent.  `Incoming`, `Matched` and `PeerMatched` carry three
-/// fds: the connection segment, this side's socket-pair end, the peer's inbox.
+/// fds: the connection segment, this side's socket-pair end, the peer's bell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     /// The device a `Hello` resolved to.

@@ -84,9 +84,9 @@ fn local(inc: &Incoming) -> &ConnFds {
     }
 }
 
-/// A stand-in CQ inbox: any file will do, identified by its inode.
-fn inbox() -> OwnedFd {
-    let fd = unsafe { libc::memfd_create(c"inbox".as_ptr(), libc::MFD_CLOEXEC) };
+/// A stand-in bell: any file will do, identified by its inode.
+fn bell() -> OwnedFd {
+    let fd = unsafe { libc::memfd_create(c"bell".as_ptr(), libc::MFD_CLOEXEC) };
     assert!(fd >= 0);
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
@@ -109,12 +109,12 @@ fn map(fd: BorrowedFd, len: usize) -> *mut u8 {
     p.cast()
 }
 
-/// Checks that both sides got one segment, two connected socket ends and each other's inbox.
-fn check_linked(a: &ConnFds, a_inbox: BorrowedFd, b: &ConnFds, b_inbox: BorrowedFd, len: usize) {
+/// Checks that both sides got one segment, two connected socket ends and each other's bell.
+fn check_linked(a: &ConnFds, a_bell: BorrowedFd, b: &ConnFds, b_bell: BorrowedFd, len: usize) {
     assert_eq!(stat(a.segment.as_fd()).st_size as usize, len);
     assert!(same_file(a.segment.as_fd(), b.segment.as_fd()));
-    assert!(same_file(a.peer_inbox.as_fd(), b_inbox));
-    assert!(same_file(b.peer_inbox.as_fd(), a_inbox));
+    assert!(same_file(a.peer_bell.as_fd(), b_bell));
+    assert!(same_file(b.peer_bell.as_fd(), a_bell));
     let (pa, pb) = (map(a.segment.as_fd(), len), map(b.segment.as_fd(), len));
     unsafe {
         pa.add(len - 1).write_volatile(0x5a);
@@ -128,14 +128,14 @@ fn check_linked(a: &ConnFds, a_inbox: BorrowedFd, b: &ConnFds, b_inbox: Borrowed
     }
 }
 
-fn request<'a>(local: &'a [u8], remote_host: &'a [u8], remote: &'a [u8], inbox: BorrowedFd<'a>) -> Request<'a> {
+fn request<'a>(local: &'a [u8], remote_host: &'a [u8], remote: &'a [u8], bell: BorrowedFd<'a>) -> Request<'a> {
     Request {
         local_host: &LO,
         local_disc: local,
         remote_host,
         remote_disc: remote,
         info: local,
-        inbox,
+        bell,
         segment_bytes: SEGMENT as u64,
     }
 }
@@ -165,12 +165,12 @@ fn listen_then_connect_shares_resources() {
     let v = Viad::start("lc", &[]);
     let agent = v.agent.clone();
     let listener = thread::spawn(move || {
-        let ib = inbox();
+        let ib = bell();
         let inc = agent.listen(&LO, b"svc", b"L-info", ib.as_fd(), Some(Duration::from_secs(10)));
         (inc.unwrap(), ib)
     });
     v.await_stat("listeners_waiting", 1);
-    let ib = inbox();
+    let ib = bell();
     // Any loopback address reaches a listener on 127.0.0.1.
     let m = v.agent.connect(&request(b"cli", &[127, 1, 2, 3], b"svc", ib.as_fd()), Duration::from_secs(5)).unwrap();
     let (inc, lib) = listener.join().unwrap();
@@ -186,12 +186,12 @@ fn connect_then_listen_and_timeouts() {
     let v = Viad::start("cl", &[]);
     let agent = v.agent.clone();
     let requester = thread::spawn(move || {
-        let ib = inbox();
+        let ib = bell();
         let m = agent.connect(&request(b"c", &LO, b"late", ib.as_fd()), Duration::from_secs(10));
         (m.unwrap(), ib)
     });
     v.await_stat("connects_pending", 1);
-    let ib = inbox();
+    let ib = bell();
     let inc = v.agent.listen(&LO, b"late", b"", ib.as_fd(), None).unwrap();
     let (m, cib) = requester.join().unwrap();
     check_linked(m.fds.as_ref().unwrap(), cib.as_fd(), local(&inc), ib.as_fd(), SEGMENT);
@@ -212,7 +212,7 @@ fn unreachable_host() {
     // Without a CM port, another host is unreachable at once, and the agent
     // says why.
     let v = Viad::start("unr", &[]);
-    let ib = inbox();
+    let ib = bell();
     let ep = CmEndpoint {
         addr: "127.0.0.1:9".parse().unwrap(),
         vi: 1,
@@ -296,13 +296,13 @@ fn peers_match_in_both_orders() {
     for (first, second) in [(&b"p1"[..], &b"p2"[..]), (b"p2", b"p1")] {
         let agent = v.agent.clone();
         let early = thread::spawn(move || {
-            let ib = inbox();
+            let ib = bell();
             let m = agent.peer_connect(&request(first, &LO, second, ib.as_fd()), Duration::from_secs(10));
             (m.unwrap(), ib)
         });
         v.await_stat("peers_pending", 1);
         // A request that is not the mirror image does not match.
-        let ib = inbox();
+        let ib = bell();
         let wrong = request(second, &LO, b"p3", ib.as_fd());
         assert!(matches!(v.agent.peer_connect(&wrong, Duration::from_millis(50)), Err(AgentError::NoMatch)));
         let late = v.agent.peer_connect(&request(second, &LO, first, ib.as_fd()), Duration::from_secs(5)).unwrap();
@@ -319,12 +319,12 @@ fn segment_sizes_other_than_the_agents_are_refused() {
     let v = Viad::start("seg", &[]);
     let agent = v.agent.clone();
     let listener = thread::spawn(move || {
-        let ib = inbox();
+        let ib = bell();
         let inc = agent.listen(&LO, b"seg", b"", ib.as_fd(), Some(Duration::from_secs(10)));
         (inc.unwrap(), ib)
     });
     v.await_stat("listeners_waiting", 1);
-    let ib = inbox();
+    let ib = bell();
     // Neither 0 nor the agent's size: refused before anything is created,
     // the listener still waits.  For another host too, before forwarding.
     for (size, host, peer) in [
@@ -358,7 +358,7 @@ fn segment_sizes_other_than_the_agents_are_refused() {
 #[test]
 fn departed_listener_is_not_matched() {
     let v = Viad::start("gone", &[]);
-    let ib = inbox();
+    let ib = bell();
     let listen = proto::Request::Listen(ListenReq {
         host: LO.to_vec(),
         disc: b"svc".to_vec(),
@@ -378,7 +378,7 @@ fn departed_listener_is_not_matched() {
 #[test]
 fn malformed_messages_are_counted_and_closed() {
     let v = Viad::start("bad", &[]);
-    let ib = inbox();
+    let ib = bell();
     let stats = proto::Request::Stats { start: 0 }.encode().unwrap();
     let bad: [(&[u8], &[BorrowedFd]); 4] =
         [(b"\x01\x02garbage", &[]), (b"\x09\x05", &[]), (&stats, &[ib.as_fd()]), (&[1, 3, 200, 0], &[])];

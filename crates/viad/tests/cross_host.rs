@@ -190,10 +190,10 @@ impl Drop for NsAgent {
     }
 }
 
-/// A stand-in CQ inbox.
-fn inbox() -> OwnedFd {
+/// A stand-in bell.
+fn bell() -> OwnedFd {
     // SAFETY: plain syscall; the fd is owned from here on.
-    let fd = unsafe { libc::memfd_create(c"inbox".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c"bell".as_ptr(), libc::MFD_CLOEXEC) };
     assert!(fd >= 0);
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
@@ -245,14 +245,14 @@ impl Ask {
     }
 
     fn call(&self, agent: &Agent, timeout: Duration, peer: bool) -> Result<Matched, AgentError> {
-        let ib = inbox();
+        let ib = bell();
         let req = Request {
             local_host: &self.local_host,
             local_disc: &self.local_disc,
             remote_host: &self.remote_host,
             remote_disc: &self.remote_disc,
             info: &self.info,
-            inbox: ib.as_fd(),
+            bell: ib.as_fd(),
             segment_bytes: 0,
         };
         match peer {
@@ -262,9 +262,9 @@ impl Ask {
     }
 }
 
-/// Listens on `host`/`disc` with an inbox of its own.
+/// Listens on `host`/`disc` with an bell of its own.
 fn listen(agent: &Agent, host: &[u8], disc: &[u8], timeout: Duration) -> Result<Incoming, AgentError> {
-    let ib = inbox();
+    let ib = bell();
     agent.listen(host, disc, b"", ib.as_fd(), Some(timeout))
 }
 

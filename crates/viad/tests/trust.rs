@@ -107,10 +107,10 @@ fn impostor(name: &str) -> JoinHandle<Seen> {
     handle
 }
 
-/// A stand-in CQ inbox.
-fn inbox() -> OwnedFd {
+/// A stand-in bell.
+fn bell() -> OwnedFd {
     // SAFETY: plain syscall; the fd is owned from here on.
-    let fd = unsafe { libc::memfd_create(c"inbox".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c"bell".as_ptr(), libc::MFD_CLOEXEC) };
     assert!(fd >= 0);
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
@@ -236,7 +236,7 @@ fn an_agent_of_another_user_is_refused_before_anything_is_sent() {
     }
     let socket = name("impostor");
     let fake = impostor(&socket);
-    let ib = inbox();
+    let ib = bell();
     let err = Agent::with_socket(&socket).listen(&LO, b"svc", b"secret", ib.as_fd(), Some(SECOND)).unwrap_err();
     let AgentError::Untrusted { socket: s, uid, pid } = &err else {
         panic!("{err:?}");
@@ -396,7 +396,7 @@ fn a_uid_at_its_connection_limit_is_refused_and_others_are_served() {
     // Another uid opens LIMIT + EXTRA listens, one connection each.
     let socket = v.agent.socket().to_string();
     let conns: Vec<OwnedFd> = as_nobody(move || {
-        let ib = inbox();
+        let ib = bell();
         (0..LIMIT + EXTRA)
             .map(|_| {
                 let conn = sock::connect(&socket).unwrap();

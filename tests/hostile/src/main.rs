@@ -161,7 +161,7 @@ impl Attacker {
             remote_host: &self.host,
             remote_disc: disc.as_bytes(),
             info: &[],
-            inbox: self.bell.fd(),
+            bell: self.bell.fd(),
             segment_bytes,
         };
         let matched = client::connect(&req, Duration::from_secs(20))?;
@@ -204,7 +204,7 @@ impl Attacker {
             victim,
             victim_table: table,
             victim_lane,
-            victim_bell: fds.peer_inbox,
+            victim_bell: fds.peer_bell,
         })
     }
 }
