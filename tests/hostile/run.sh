@@ -80,41 +80,38 @@ touch "$work/done"
 wait $bystander
 result confused-deputy $h $vs $?
 
+# duel NAME "VICTIM ARGS" "HOSTILE ARGS": the victim in the background,
+# then the attacker as the other user; the case passed if both exit 0.
+duel() {
+    timeout 60 "$victim" $2 &
+    dv=$!
+    sleep 0.3
+    as_other timeout 60 "$hostile" $3
+    dh=$?
+    wait $dv
+    result "$1" $dh $?
+}
+
 # 2. A peer tries to write the victim's registry table.
-disc=table-$$
-timeout 60 "$victim" table $disc &
-v=$!
-sleep 0.3
-as_other timeout 60 "$hostile" table-write $disc
-h=$?
-wait $v
-result registry-table-read-only $h $?
+duel registry-table-read-only "table table-$$" "table-write table-$$"
 
 # 3. A peer breaks the connection with a code not in the specification.
-disc=break-$$
-timeout 60 "$victim" break $disc &
-v=$!
-sleep 0.3
-as_other timeout 60 "$hostile" break-code $disc
-h=$?
-wait $v
-result peer-error-code $h $?
+duel peer-error-code "break break-$$" "break-code break-$$"
 
-# 4. A client that never completes its handshake does not keep a
-#    listener (waiting with VIP_INFINITE) from the next, honest client.
-# 3b. A peer's RDMA writes through the ring, none checked by the peer:
-# the victim lands the allowed one, refuses the rest, breaks on a bad slot.
-disc=rdma-$$
-timeout 60 "$victim" rdma $disc "$work" &
-v=$!
-as_other timeout 60 "$hostile" rdma-write $disc "$work"
-h=$?
-wait $v
-result rdma-write-through-the-ring $h $?
+# 4. A peer's RDMA writes through the ring, none checked by the peer: the
+#    victim lands the allowed one, refuses the rest, breaks on a bad slot.
+duel rdma-write-through-the-ring "rdma rdma-$$ $work" "rdma-write rdma-$$ $work"
 
-# A peer of another user forges, stalls and floods entries of the victim's
-# CQ in its lane, while an honest peer's messages go through the same CQ:
-# every one arrives, none waits, the hostile connection (only it) breaks.
+# 5. A peer's RDMA read requests through the ring, none checked by the
+#    peer: the victim answers the allowed one with its bytes, refuses the
+#    rest without a byte, and breaks the connection over an answer to a
+#    read it never received.
+duel rdma-read-through-the-ring "rdma-read rdma-read-$$ $work" "rdma-read rdma-read-$$ $work"
+
+# 6. A peer of another user forges, stalls and floods entries of the
+#    victim's CQ in its lane, while an honest peer's messages go through
+#    the same CQ: every one arrives, none waits, the hostile connection
+#    (only it) breaks.
 disc=cq-$$
 timeout 60 "$victim" cq $disc "$work" 200 &
 v=$!
@@ -129,18 +126,8 @@ hs=$?
 wait $v
 result cq-lanes $hs $s $?
 
-# 3c. A peer's RDMA read requests through the ring, none checked by the
-# peer: the victim answers the allowed one with its bytes, refuses the
-# rest without a byte, and breaks the connection over an answer to a
-# read it never received.
-disc=rdma-read-$$
-timeout 60 "$victim" rdma-read $disc "$work" &
-v=$!
-as_other timeout 60 "$hostile" rdma-read $disc "$work"
-h=$?
-wait $v
-result rdma-read-through-the-ring $h $?
-
+# 7. A client that never completes its handshake does not keep a
+#    listener (waiting with VIP_INFINITE) from the next, honest client.
 disc=silent-$$
 timeout 15 "$victim" listen $disc &
 v=$!
@@ -156,7 +143,7 @@ kill $h 2>/dev/null
 wait $h 2>/dev/null
 result handshake-deadline $vs $c
 
-# 5. A client asks for a 256 MiB connection segment: refused before the
+# 8. A client asks for a 256 MiB connection segment: refused before the
 #    listener maps anything, and the listener serves the next client.
 disc=big-$$
 timeout 30 "$victim" listen $disc &
@@ -169,7 +156,7 @@ c=$?
 wait $v
 result segment-size $h $c $?
 
-# 6. Another user poses as the host agent on the name a VIA program uses:
+# 9. Another user poses as the host agent on the name a VIA program uses:
 #    the program sends it nothing and uses an agent of its own user.
 if [ "$(id -u)" = 0 ]; then
     name=openvia-impostor-$$
@@ -187,7 +174,7 @@ else
     echo "SKIP agent-impostor (needs root: another user to be)"
 fi
 
-# 7. Another user asks the agent to stop: refused, the agent serves on.
+# 10. Another user asks the agent to stop: refused, the agent serves on.
 if [ "$(id -u)" = 0 ]; then
     as_other "$viad" --stop --socket "$VIA_AGENT_SOCKET" >/dev/null 2>&1
     s=$?
@@ -200,8 +187,8 @@ else
     echo "SKIP stop-by-another-user (needs root: another user to be)"
 fi
 
-# 8. The CM port: a local user binds it first, or answers for the agent
-#    from another port (two hosts in network namespaces: cm_squatter.sh).
+# 11. The CM port: a local user binds it first, or answers for the agent
+#     from another port (two hosts in network namespaces: cm_squatter.sh).
 sh "$(dirname "$0")/cm_squatter.sh" "$victim" "$hostile" >"$work/cm.log" 2>&1
 cat "$work/cm.log"
 for name in $(sed -n 's/^PASS \([^ ]*\).*/\1/p' "$work/cm.log"); do

@@ -217,8 +217,12 @@ impl Cq {
             for k in 0..lanes.len() {
                 let at = (start + k) % lanes.len();
                 let lane = &lanes[at];
-                if lane.queues.take_overflow(self.index) {
+                if !lane.live() {
+                    continue;
+                }
+                if lane.queues.take_overflow(self.index) && lane.kill() {
                     lane_overflowed(&self.nic, lane.id);
+                    continue;
                 }
                 if let Some(entry) = self.pop_from(&lane.queues, Some(lane.id)) {
                     self.lane_cursor.store(at + 1, Ordering::Relaxed);
@@ -324,7 +328,9 @@ impl Cq {
 
 /// A lane overflowed: its peer made more completions for a CQ than the
 /// lane holds (or claims to have).  Entries were lost, so the connections
-/// through that lane break; the CQ and other peers' connections go on.
+/// through that lane break, and the lane is dead: nothing its peer still
+/// writes there is read or woken for.  The CQ and other peers' connections
+/// go on.
 fn lane_overflowed(nic: &Arc<Nic>, lane: u64) {
     tracing::warn!(lane, "a peer's completion lane overflowed: its connections break");
     let vis: Vec<Handle> = nic

@@ -11,7 +11,7 @@
 //! in the number of VIs: 128 VIs to one peer share one lane.
 
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use via_shm::inbox::Inbox;
 
@@ -24,6 +24,22 @@ pub struct Lane {
     pub pid: i32,
     /// The queues, one per CQ index.
     pub queues: Inbox,
+    /// Set once the lane overflowed and its connections broke: nothing is
+    /// taken from it, waited on or reused any more, whatever its peer
+    /// still writes into it.
+    pub dead: AtomicBool,
+}
+
+impl Lane {
+    /// Whether entries are still taken from this lane.
+    pub fn live(&self) -> bool {
+        !self.dead.load(Ordering::Acquire)
+    }
+
+    /// Marks the lane dead; true for the caller that did it first.
+    pub fn kill(&self) -> bool {
+        !self.dead.swap(true, Ordering::AcqRel)
+    }
 }
 
 /// A NIC's lanes.
@@ -38,10 +54,11 @@ impl Lanes {
         let mut lanes = self.0.write();
         // Lanes no connection holds any more are dropped here.
         lanes.retain(|l| Arc::strong_count(l) > 1);
-        if let Some(lane) = lanes.iter().find(|l| pid != 0 && l.pid == pid) {
+        if let Some(lane) = lanes.iter().find(|l| pid != 0 && l.pid == pid && l.live()) {
             return Ok(lane.clone());
         }
-        let lane = Arc::new(Lane { id: NEXT.fetch_add(1, Ordering::Relaxed), pid, queues: Inbox::create_lane()? });
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let lane = Arc::new(Lane { id, pid, queues: Inbox::create_lane()?, dead: AtomicBool::new(false) });
         lanes.push(lane.clone());
         Ok(lane)
     }
@@ -51,9 +68,9 @@ impl Lanes {
         f(&self.0.read())
     }
 
-    /// The lanes now, for a thread about to sleep.
+    /// The live lanes now, for a thread about to sleep.
     pub fn snapshot(&self) -> Vec<Arc<Lane>> {
-        self.0.read().clone()
+        self.0.read().iter().filter(|l| l.live()).cloned().collect()
     }
 
     /// Empties queue `index` of every lane, for a CQ index being reused.
@@ -89,5 +106,9 @@ mod tests {
         assert!(fresh.queues.push(3, 9));
         lanes.reset(3);
         assert_eq!(fresh.queues.pop(3), None);
+        // A dead lane is neither waited on nor given to the next connection.
+        assert!(fresh.kill() && !fresh.kill());
+        assert!(lanes.snapshot().iter().all(|l| l.id != fresh.id));
+        assert_ne!(lanes.for_peer(100).unwrap().id, fresh.id);
     }
 }
