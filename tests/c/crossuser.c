@@ -31,6 +31,13 @@
  * users (65533 and 65534), neither of which may attach to the other, read
  * from each other at once, every read through the ring both ways.
  *
+ * Then two processes of one user (65534), each dumpable when they connect,
+ * so each may attach to the other; the target then makes itself
+ * undumpable, refusing the initiator as a process refuses a peer once it
+ * has given its one Yama ptracer to another: the initiator's next send,
+ * RDMA write and RDMA read are refused by the kernel and go through the
+ * ring instead, every byte intact.
+ *
  * And messages larger than the ring (4 MiB and 3 MiB + 5 bytes) from the
  * child to a parent that waits only on a completion queue: the child's
  * send tells the parent's CQ each time the ring is full, and the CQ
@@ -435,6 +442,108 @@ static void run_read(int fd, int parent)
     }
 }
 
+static void drop_to(uid_t uid);
+
+/* The target refuses cross-memory attach once connected (see the top). */
+#define LATER_LEN ((size_t)300000)
+
+/* The initiator's operation `op` (0: send, 1: RDMA write, 2: RDMA read)
+ * of round `round`; the target's buffer holds what the read finds at 0,
+ * takes the write at RAREA and the send at RAREA + AREA. */
+static void later_op(vt_end *e, int op, uint32_t round, uint64_t raddr, VIP_MEM_HANDLE rmh)
+{
+    VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
+    if (op == 0) {
+        vt_fill(e->buf.base, LATER_LEN, 0x1A7E0 + round);
+        send_wait(e, e->buf.base, LATER_LEN, 3);
+        return;
+    }
+    if (op == 1) {
+        vt_fill(e->buf.base + AREA, LATER_LEN, 0x2A7E0 + round);
+        vt_desc_rdma(d, VIP_CONTROL_OP_RDMAWRITE, 0, raddr + RAREA, rmh, e->buf.base + AREA, e->buf.mh, LATER_LEN, 2);
+    } else {
+        memset(e->buf.base + RAREA, 0, LATER_LEN);
+        vt_desc_rdma(d, VIP_CONTROL_OP_RDMAREAD, 0, raddr, rmh, e->buf.base + RAREA, e->buf.mh, LATER_LEN, 2);
+    }
+    CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
+    CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
+    CHECK_PTR(d, got);
+    CHECK_STATUS(VIP_STATUS_DONE | (op == 1 ? VIP_STATUS_OP_RDMA_WRITE : VIP_STATUS_OP_RDMA_READ), got);
+    CHECK_EQ(LATER_LEN, got->CS.Length);
+    if (op == 2)
+        CHECK_PATTERN(e->buf.base + RAREA, LATER_LEN, 0x3A7E0 + round);
+}
+
+/* One connection: a round in which the target lets the initiator attach,
+ * then one in which it does not, whose first operation is `first`. */
+static void refused_later(int fd, int initiator, int first)
+{
+    vt_conf c = {.level = VIP_SERVICE_RELIABLE_DELIVERY, .rdma_write = VIP_TRUE, .rdma_read = VIP_TRUE,
+                 .buf_size = 2 * RAREA, .ndesc = 4, .maxseg = 4};
+    char disc[VT_MAX_DISC];
+    vt_end e;
+    uint64_t raddr;
+    VIP_MEM_HANDLE rmh;
+    vt_disc(disc, sizeof disc, "crossuser.refused-later.%d", first);
+    vt_sync(fd, 0x9C00 + (unsigned)first);
+    /* Dumpable (a change of uid made it not): the initiator may attach. */
+    CHECK(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0);
+    vt_end_open(&e, &c, fd, !initiator);
+    vt_end_link(&e, disc);
+    read_swap(&e, &raddr, &rmh);
+    for (uint32_t round = 0; round < 2; round++) {
+        if (initiator) {
+            vt_sync(fd, 0x9C10 + round);
+            for (int k = 0; k < 3; k++)
+                later_op(&e, (first + k) % 3, round, raddr, rmh);
+            /* The end of the round: the target checks the write. */
+            send_wait(&e, e.buf.base, 0, 1);
+        } else {
+            VIP_DESCRIPTOR *d = vt_dpool_get(&e.descs, 1), *end = vt_dpool_get(&e.descs, 2), *got = NULL;
+            if (round == 1)
+                CHECK(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0);
+            vt_fill(e.buf.base, LATER_LEN, 0x3A7E0 + round);
+            memset(e.buf.base + RAREA, 0, LATER_LEN);
+            /* The message, then the end of the round (waiting for them answers the read). */
+            vt_desc_recv(d, e.buf.base + RAREA + AREA, e.buf.mh, LATER_LEN, 2);
+            CHECK_OK(VipPostRecv(e.vi, d, e.descs.mem.mh));
+            vt_desc_recv(end, e.buf.base + RAREA + AREA + LATER_LEN, e.buf.mh, 0, 1);
+            CHECK_OK(VipPostRecv(e.vi, end, e.descs.mem.mh));
+            vt_sync(fd, 0x9C10 + round);
+            CHECK_OK(VipRecvWait(e.vi, VIP_INFINITE, &got));
+            CHECK_PTR(d, got);
+            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, got);
+            CHECK_EQ(LATER_LEN, got->CS.Length);
+            CHECK_PATTERN(e.buf.base + RAREA + AREA, LATER_LEN, 0x1A7E0 + round);
+            CHECK_OK(VipRecvWait(e.vi, VIP_INFINITE, &got));
+            CHECK_PTR(end, got);
+            CHECK_PATTERN(e.buf.base + RAREA, LATER_LEN, 0x2A7E0 + round);
+        }
+    }
+    vt_sync(fd, 0x9CE0);
+    vt_end_close(&e);
+}
+
+static void refused_later_target(int fd, void *arg)
+{
+    (void)arg;
+    drop_to(NOBODY);
+    for (int first = 0; first < 3; first++)
+        refused_later(fd, 0, first);
+}
+
+/* Forks the target, then becomes uid 65534 as well. */
+static void refused_later_initiator(int fd, void *arg)
+{
+    (void)fd;
+    (void)arg;
+    vt_child target = vt_spawn("nobody-target", refused_later_target, NULL);
+    drop_to(NOBODY);
+    for (int first = 0; first < 3; first++)
+        refused_later(target.fd, 1, first);
+    vt_join(&target);
+}
+
 /* Messages larger than the ring, to a receiver that waits on a CQ only. */
 static const size_t cq_sizes[] = {4u << 20, (3u << 20) + 5};
 #define CQ_AREA ((size_t)4 << 20)
@@ -569,6 +678,9 @@ int main(void)
     printf("  %-40s %s\n", "crossuser rdma read, two other users", vt_level_name(VIP_SERVICE_RELIABLE_DELIVERY));
     vt_child pair = vt_spawn("user-65533", ring_pair_high, NULL);
     vt_join(&pair);
+    printf("  %-40s %s\n", "crossuser, attach refused once connected", vt_level_name(VIP_SERVICE_RELIABLE_DELIVERY));
+    vt_child later = vt_spawn("nobody-initiator", refused_later_initiator, NULL);
+    vt_join(&later);
     CHECK_OK(VipCloseNic(nic));
     return 0;
 }

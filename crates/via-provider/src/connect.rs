@@ -22,6 +22,7 @@ use crate::tuning::tuning;
 use crate::vi::{Vi, ViState};
 use parking_lot::Mutex;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use via_core::consts::SERVICE_UNRELIABLE;
@@ -54,9 +55,10 @@ pub struct Conn {
     /// cross-memory copies of this connection target.
     pub peer_pid: i32,
     /// Whether the kernel lets this process cross-memory attach to the
-    /// peer (probed when the connection is made): where not, large sends
-    /// go through the ring in pieces (`vi::deliver`).
-    pub attach: bool,
+    /// peer (probed when the connection is made, and cleared when the
+    /// kernel refuses a copy later): where not, large sends, RDMA writes
+    /// and RDMA reads go through the ring (`vi::deliver`, `ring_read`).
+    attach: AtomicBool,
     /// The peer's endpoint.
     pub peer: Endpoint,
     /// The helper thread's token for this connection (0: not watched).
@@ -69,6 +71,27 @@ impl Conn {
     /// Sends a control message to the peer; a dead peer is not an error here.
     pub fn tell(&self, msg: PeerMessage) {
         let _ = peer_channel::send(self.socket.as_fd(), &msg, None);
+    }
+
+    /// Whether cross-memory copies to and from the peer are still allowed.
+    pub fn attach(&self) -> bool {
+        self.attach.load(Ordering::Relaxed)
+    }
+
+    /// A cross-memory copy to or from the peer failed with `e`.  True when
+    /// the kernel refused it (`EPERM`): the peer no longer lets us in (it
+    /// gave its one Yama ptracer to another peer, or made itself
+    /// undumpable), and the connection goes through the ring from now on,
+    /// this operation included.
+    pub fn attach_refused(&self, e: &std::io::Error) -> bool {
+        if e.raw_os_error() != Some(libc::EPERM) {
+            return false;
+        }
+        if self.attach.swap(false, Ordering::Relaxed) {
+            tracing::debug!(pid = self.peer_pid, "the peer refuses cross-memory attach now: through the ring");
+            self.counters.add(crate::counters::Counter::RingConnections, 1);
+        }
+        true
     }
 
     /// Tells the peer's CQ that its receive queue has a completion we made.
@@ -155,7 +178,7 @@ impl Parts {
             lane_in: lanes.lane_in,
             peer_table: intro.table,
             peer_pid: intro.sender.pid,
-            attach,
+            attach: AtomicBool::new(attach),
             peer,
             token: Default::default(),
             counters: vi.nic.counters.clone(),

@@ -1231,14 +1231,27 @@ impl Vi {
                     .then_some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
                 (desc.op_status_bits() | bits, 0, why)
             }
-            (Some(conn), Ok(wr)) if wr.op == Op::RdmaRead && !conn.attach && wr.remote.is_some() => {
-                // The kernel does not let us into the target: the request
-                // goes through the ring and the descriptor stays in flight
-                // until the target's answer is drained (`ring_read`).
+            (Some(conn), Ok(wr)) if wr.op == Op::RdmaRead && wr.remote.is_some() => {
                 let conn = conn.clone();
-                self.post_ring_read(q, &conn, desc, mem, &wr, &rules);
-                timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
-                return;
+                let done = match conn.attach() {
+                    true => read_by_attach(&conn, &wr, reliable(attrs.reliability), &mut queue.tally),
+                    false => None,
+                };
+                match done {
+                    Some((status, length, why)) => {
+                        timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
+                        (wr.op.status_bits(false) | status, length, why)
+                    }
+                    None => {
+                        // The kernel does not let us into the target: the
+                        // request goes through the ring and the descriptor
+                        // stays in flight until the target's answer is
+                        // drained (`ring_read`).
+                        self.post_ring_read(q, &conn, desc, mem, &wr, &rules);
+                        timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
+                        return;
+                    }
+                }
             }
             (Some(conn), Ok(wr)) => {
                 let (status, length, why) =
@@ -1411,25 +1424,31 @@ fn execute(
             let Some((addr, handle)) = wr.remote else {
                 return (STATUS_FORMAT_ERROR, 0, None);
             };
-            if !conn.attach {
+            if !conn.attach() {
                 // The kernel does not let us into the target: through the
                 // ring, checked by the target against its own registry.
                 return ring_write(conn, wr, addr, handle, reliable, tally);
             }
-            // Announced before the check: the peer's fences wait for it.
-            let Some(_copy) = conn.seg.begin_copy() else {
-                return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
-            };
-            if !remote_allows(conn, addr, handle, wr.total, true) {
-                conn.counters.add(Counter::RdmaRefused, 1);
-                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
-                return (STATUS_RDMA_PROT_ERROR, 0, why);
-            }
-            if wr.total > 0 {
-                let remote = [(addr, wr.total as usize)];
-                if cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &remote).is_err() {
+            let copied = {
+                // Announced before the check: the peer's fences wait for it.
+                let Some(_copy) = conn.seg.begin_copy() else {
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+                };
+                if !remote_allows(conn, addr, handle, wr.total, true) {
+                    conn.counters.add(Counter::RdmaRefused, 1);
+                    let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
+                    return (STATUS_RDMA_PROT_ERROR, 0, why);
                 }
+                match wr.total {
+                    0 => Ok(0),
+                    n => cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &[(addr, n as usize)]),
+                }
+            };
+            match copied {
+                Ok(_) => {}
+                // Refused, so nothing moved: the whole write through the ring.
+                Err(e) if conn.attach_refused(&e) => return ring_write(conn, wr, addr, handle, reliable, tally),
+                Err(_) => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
             }
             tally.add(Counter::RdmaWrites, 1);
             tally.add(Counter::CmaCopies, (wr.total > 0) as u64);
@@ -1439,29 +1458,46 @@ fn execute(
             }
             (0, total, None)
         }
-        Op::RdmaRead => {
-            let Some((addr, handle)) = wr.remote else {
-                return (STATUS_FORMAT_ERROR, 0, None);
-            };
-            let Some(_copy) = conn.seg.begin_copy() else {
-                return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
-            };
-            if !remote_allows(conn, addr, handle, wr.total, false) {
-                conn.counters.add(Counter::RdmaRefused, 1);
-                let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAR_PROT });
-                return (STATUS_RDMA_PROT_ERROR, 0, why);
-            }
-            if wr.total > 0 {
-                let remote = [(addr, wr.total as usize)];
-                if cma::read_remote(conn.peer_pid, &mut local_slices_mut(&wr.segs), &remote).is_err() {
-                    return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
-                }
-                tally.add(Counter::CmaCopies, 1);
-            }
-            tally.add(Counter::RdmaReads, 1);
-            (0, total, None)
-        }
+        // A read with its address segment is `carry_out`'s (`read_by_attach`
+        // or through the ring): here only one without.
+        Op::RdmaRead => (STATUS_FORMAT_ERROR, 0, None),
     }
+}
+
+/// An RDMA read by cross-memory attach: the status bits to add, the
+/// length and whether the connection must break; `None` when the kernel
+/// refused the copy (nothing was read) and the read must go through the
+/// ring ([`Conn::attach_refused`]).
+fn read_by_attach(
+    conn: &Conn,
+    wr: &WorkRequest,
+    reliable: bool,
+    tally: &mut CounterRow,
+) -> Option<(u32, u32, Option<Break>)> {
+    let (addr, handle) = wr.remote?;
+    let copied = {
+        // Announced before the check: the peer's fences wait for it.
+        let Some(_copy) = conn.seg.begin_copy() else {
+            return Some((STATUS_TRANSPORT_ERROR, 0, Some(LOST)));
+        };
+        if !remote_allows(conn, addr, handle, wr.total, false) {
+            conn.counters.add(Counter::RdmaRefused, 1);
+            let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAR_PROT });
+            return Some((STATUS_RDMA_PROT_ERROR, 0, why));
+        }
+        match wr.total {
+            0 => Ok(0),
+            n => cma::read_remote(conn.peer_pid, &mut local_slices_mut(&wr.segs), &[(addr, n as usize)]),
+        }
+    };
+    match copied {
+        Ok(_) => {}
+        Err(e) if conn.attach_refused(&e) => return None,
+        Err(_) => return Some((STATUS_TRANSPORT_ERROR, 0, Some(LOST))),
+    }
+    tally.add(Counter::CmaCopies, (wr.total > 0) as u64);
+    tally.add(Counter::RdmaReads, 1);
+    Some((0, wr.total as u32, None))
 }
 
 /// Consumes the peer's next posted receive for a send (or RDMA write with immediate data).
@@ -1515,46 +1551,51 @@ fn deliver(
         hdr.flags |= FLAG_INLINE;
         tally.add(Counter::InlineSends, 1);
         payload = &wr.segs;
-    } else if !conn.attach && kind == SLOT_SEND {
-        // The kernel does not let us into the receiver: through the ring,
-        // in one slot or in pieces.  The receiver copies them into its
-        // descriptor and checks them against it.
-        hdr.flags |= FLAG_INLINE;
-        if total as usize <= INLINE_MAX {
-            payload = &wr.segs;
-        } else {
-            hdr.flags |= FLAG_PIECES;
-            if send_pieces(conn, &hdr, &wr.segs, tally).is_err() {
-                return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
-            }
-            pushed = true;
+    } else if !conn.attach() && kind == SLOT_SEND {
+        match send_through_ring(conn, &mut hdr, wr, tally) {
+            Ok(true) => pushed = true,
+            Ok(false) => payload = &wr.segs,
+            Err(()) => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
         }
     } else if let Some(entry) = entry.filter(|_| total > 0) {
-        // Announced before the check: the peer's fences wait for it.
-        let Some(_copy) = conn.seg.begin_copy() else {
-            return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
-        };
-        // Only as much of the receive buffers as the message fills: the kernel
-        // pins every page of the remote ranges it is given.
-        let mut left = total;
-        let used: smallvec::SmallVec<[RecvSeg; 4]> = entry
-            .segs()
-            .iter()
-            .map_while(|s| {
-                let n = (s.len as u64).min(left);
-                left -= n;
-                (n > 0).then_some(RecvSeg { len: n as u32, ..*s })
-            })
-            .collect();
-        // A buffer the receiver deregistered since it posted it gets
-        // nothing; the receiver finds its region gone and reports it.
-        if used.iter().all(|s| receiver_holds(conn, s)) {
-            let remote: smallvec::SmallVec<[(u64, usize); 4]> = used.iter().map(|s| (s.addr, s.len as usize)).collect();
-            tally.add(Counter::CmaCopies, 1);
-            match cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &remote) {
-                Ok(n) if n as u64 == total => {}
-                _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
+        let copied = {
+            // Announced before the check: the peer's fences wait for it.
+            let Some(_copy) = conn.seg.begin_copy() else {
+                return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+            };
+            // Only as much of the receive buffers as the message fills: the kernel
+            // pins every page of the remote ranges it is given.
+            let mut left = total;
+            let used: smallvec::SmallVec<[RecvSeg; 4]> = entry
+                .segs()
+                .iter()
+                .map_while(|s| {
+                    let n = (s.len as u64).min(left);
+                    left -= n;
+                    (n > 0).then_some(RecvSeg { len: n as u32, ..*s })
+                })
+                .collect();
+            // A buffer the receiver deregistered since it posted it gets
+            // nothing; the receiver finds its region gone and reports it.
+            match used.iter().all(|s| receiver_holds(conn, s)) {
+                true => {
+                    let remote: smallvec::SmallVec<[(u64, usize); 4]> =
+                        used.iter().map(|s| (s.addr, s.len as usize)).collect();
+                    tally.add(Counter::CmaCopies, 1);
+                    cma::write_remote(conn.peer_pid, &local_slices(&wr.segs), &remote)
+                }
+                false => Ok(total as usize),
             }
+        };
+        match copied {
+            Ok(n) if n as u64 == total => {}
+            // Refused, so nothing moved: the message through the ring.
+            Err(e) if conn.attach_refused(&e) => match send_through_ring(conn, &mut hdr, wr, tally) {
+                Ok(true) => pushed = true,
+                Ok(false) => payload = &wr.segs,
+                Err(()) => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
+            },
+            _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
         }
     }
     // SAFETY: validated against the registry when posted.
@@ -1594,6 +1635,20 @@ pub(crate) fn scattered(segs: &[LocalSeg], offset: u64) -> impl Iterator<Item = 
         // SAFETY: validated against the registry when posted; a..to lies in the segment.
         (a < to).then(|| unsafe { std::slice::from_raw_parts_mut((s.addr + (a - from)) as *mut u8, (to - a) as usize) })
     })
+}
+
+/// Readies `hdr` for a send through the ring, where this process may not
+/// attach to the receiver: the receiver copies the bytes into its
+/// descriptor and checks them against it.  A message that fits a slot is
+/// left for the caller to push with its payload (`Ok(false)`); a larger
+/// one is pushed here, in pieces (`Ok(true)`).
+fn send_through_ring(conn: &Conn, hdr: &mut SlotHeader, wr: &WorkRequest, tally: &mut CounterRow) -> Result<bool, ()> {
+    hdr.flags |= FLAG_INLINE;
+    if wr.total as usize <= INLINE_MAX {
+        return Ok(false);
+    }
+    hdr.flags |= FLAG_PIECES;
+    send_pieces(conn, hdr, &wr.segs, tally).map(|()| true)
 }
 
 /// Pushes a message larger than a slot through the ring: `first` (with
