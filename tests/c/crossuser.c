@@ -486,7 +486,8 @@ static void refused_later(int fd, int initiator, int first)
     VIP_MEM_HANDLE rmh;
     vt_disc(disc, sizeof disc, "crossuser.refused-later.%d", first);
     vt_sync(fd, 0x9C00 + (unsigned)first);
-    /* Dumpable (a change of uid made it not): the initiator may attach. */
+    /* Dumpable (a change of uid, or the last connection, made it not): the
+     * initiator may attach. */
     CHECK(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0);
     vt_end_open(&e, &c, fd, !initiator);
     vt_end_link(&e, disc);
@@ -535,9 +536,9 @@ static void refused_later_target(int fd, void *arg)
 /* Forks the target, then becomes uid 65534 as well. */
 static void refused_later_initiator(int fd, void *arg)
 {
-    (void)fd;
     (void)arg;
     vt_child target = vt_spawn("nobody-target", refused_later_target, NULL);
+    CHECK_EQ(1, vt_get_u64(fd));
     drop_to(NOBODY);
     for (int first = 0; first < 3; first++)
         refused_later(target.fd, 1, first);
@@ -636,9 +637,9 @@ static void ring_pair_low(int fd, void *arg)
 /* Forks its peer (which becomes uid 65534), then becomes uid 65533. */
 static void ring_pair_high(int fd, void *arg)
 {
-    (void)fd;
     (void)arg;
     vt_child low = vt_spawn("nobody-b", ring_pair_low, NULL);
+    CHECK_EQ(1, vt_get_u64(fd));
     drop_to(NOBODY - 1);
     ring_pair(low.fd, 1);
     vt_join(&low);
@@ -666,8 +667,13 @@ int main(void)
         printf("  crossuser: skipped (needs root to run the two ends as different users)\n");
         return 0;
     }
+    /* Every process forked before this one has threads of openvia's (a
+     * child forked later would inherit their memory, not the threads); each
+     * waits for its turn. */
     vt_child c = vt_spawn("nobody", child, NULL);
-    /* The first VipOpenNic starts the agent: as root, before the child opens. */
+    vt_child pair = vt_spawn("user-65533", ring_pair_high, NULL);
+    vt_child later = vt_spawn("nobody-initiator", refused_later_initiator, NULL);
+    /* The first VipOpenNic starts the agent: as root, before the children open. */
     VIP_NIC_HANDLE nic = vt_open_nic(VT_DEV);
     vt_put_u64(c.fd, 1);
     run(c.fd, 1);
@@ -676,10 +682,10 @@ int main(void)
     run_cq_large(c.fd, 1);
     vt_join(&c);
     printf("  %-40s %s\n", "crossuser rdma read, two other users", vt_level_name(VIP_SERVICE_RELIABLE_DELIVERY));
-    vt_child pair = vt_spawn("user-65533", ring_pair_high, NULL);
+    vt_put_u64(pair.fd, 1);
     vt_join(&pair);
     printf("  %-40s %s\n", "crossuser, attach refused once connected", vt_level_name(VIP_SERVICE_RELIABLE_DELIVERY));
-    vt_child later = vt_spawn("nobody-initiator", refused_later_initiator, NULL);
+    vt_put_u64(later.fd, 1);
     vt_join(&later);
     CHECK_OK(VipCloseNic(nic));
     return 0;
