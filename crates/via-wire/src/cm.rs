@@ -8,7 +8,8 @@
 //! off size field
 //! 0   2   magic 0x5643 ("VC")
 //! 2   1   version = 1
-//! 3   1   kind (Request=1, Accept=2, Reject=3, NoMatch=4, Ack=5, KeepAlive=6, KeepAliveReply=7)
+//! 3   1   kind (Request=1, Accept=2, Reject=3, NoMatch=4, Ack=5, KeepAlive=6, KeepAliveReply=7,
+//!             Withdraw=8, Taken=9)
 //! 4   2   length of the body that follows
 //! 6   4   CRC-32C over the whole message with this field taken as zero
 //! 10  ..  body
@@ -54,6 +55,8 @@ const KIND_NO_MATCH: u8 = 4;
 const KIND_ACK: u8 = 5;
 const KIND_KEEPALIVE: u8 = 6;
 const KIND_KEEPALIVE_REPLY: u8 = 7;
+const KIND_WITHDRAW: u8 = 8;
+const KIND_TAKEN: u8 = 9;
 
 const EP_RDMA_WRITE: u8 = 1;
 const EP_RDMA_READ: u8 = 2;
@@ -153,6 +156,18 @@ pub enum CmMessage {
         /// The probe's nonce.
         nonce: u64,
     },
+    /// The requester no longer waits for its request: the holder drops it
+    /// before any listener takes it.  Answered with `Ack`.
+    Withdraw {
+        /// The request's id.
+        id: u64,
+    },
+    /// A listener has the request and is about to answer: the requester
+    /// waits for that answer a while past its own timeout.
+    Taken {
+        /// The request's id.
+        id: u64,
+    },
 }
 
 impl CmMessage {
@@ -165,6 +180,8 @@ impl CmMessage {
             CmMessage::Ack { .. } => KIND_ACK,
             CmMessage::KeepAlive { .. } => KIND_KEEPALIVE,
             CmMessage::KeepAliveReply { .. } => KIND_KEEPALIVE_REPLY,
+            CmMessage::Withdraw { .. } => KIND_WITHDRAW,
+            CmMessage::Taken { .. } => KIND_TAKEN,
         }
     }
 
@@ -195,9 +212,11 @@ impl CmMessage {
                 b.extend_from_slice(&id.to_be_bytes());
                 put_endpoint(&mut b, endpoint);
             }
-            CmMessage::Reject { id } | CmMessage::NoMatch { id } | CmMessage::Ack { id } => {
-                b.extend_from_slice(&id.to_be_bytes())
-            }
+            CmMessage::Reject { id }
+            | CmMessage::NoMatch { id }
+            | CmMessage::Ack { id }
+            | CmMessage::Withdraw { id }
+            | CmMessage::Taken { id } => b.extend_from_slice(&id.to_be_bytes()),
             CmMessage::KeepAlive { nonce } | CmMessage::KeepAliveReply { nonce } => {
                 b.extend_from_slice(&nonce.to_be_bytes())
             }
@@ -225,7 +244,7 @@ impl CmMessage {
             return Err(WireError::BadVersion(buf[2]));
         }
         let kind = buf[3];
-        if !(KIND_REQUEST..=KIND_KEEPALIVE_REPLY).contains(&kind) {
+        if !(KIND_REQUEST..=KIND_TAKEN).contains(&kind) {
             return Err(WireError::UnknownKind(kind));
         }
         let body = u16::from_be_bytes([buf[4], buf[5]]) as usize;
@@ -268,7 +287,9 @@ impl CmMessage {
             KIND_NO_MATCH => CmMessage::NoMatch { id: r.u64()? },
             KIND_ACK => CmMessage::Ack { id: r.u64()? },
             KIND_KEEPALIVE => CmMessage::KeepAlive { nonce: r.u64()? },
-            _ => CmMessage::KeepAliveReply { nonce: r.u64()? },
+            KIND_KEEPALIVE_REPLY => CmMessage::KeepAliveReply { nonce: r.u64()? },
+            KIND_WITHDRAW => CmMessage::Withdraw { id: r.u64()? },
+            _ => CmMessage::Taken { id: r.u64()? },
         };
         if !r.buf.is_empty() {
             // Trailing bytes the body length covered but no field used.
@@ -448,6 +469,8 @@ mod tests {
             CmMessage::Ack { id: 4 },
             CmMessage::KeepAlive { nonce: 5 },
             CmMessage::KeepAliveReply { nonce: 6 },
+            CmMessage::Withdraw { id: 7 },
+            CmMessage::Taken { id: 8 },
         ]
     }
 

@@ -1019,6 +1019,10 @@ impl Agent {
             ("cm_unreachable", s.unreachable),
             ("cm_malformed", s.malformed),
             ("remote_listeners_matched", s.remote_listeners_matched),
+            ("cm_withdrawn_sent", s.withdrawn_sent),
+            ("cm_withdrawn_received", s.withdrawn_received),
+            ("cm_superseded", s.superseded),
+            ("cm_port_unreachable", s.port_unreachable),
             ("connections_refused", self.connections_refused),
             ("stops_refused", self.stops_refused),
             ("answer_timeouts", self.answer_timeouts),
@@ -1143,19 +1147,42 @@ impl Agent {
         self.set_state(token, State::Forwarded { id, peer });
     }
 
-    /// Reads every datagram waiting on the CM socket.
+    /// Reads every report and datagram waiting on the CM socket.
     fn cm_readable(&mut self) {
+        self.cm_errors();
         let mut buf = [0u8; 2048];
         // Bounded, so that clients get their turn under a flood.
         for _ in 0..256 {
             let Some(udp) = self.udp.as_ref() else { return };
             let (n, src) = match udp.recv_from(&mut buf) {
                 Ok(r) => r,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) => return debug!("CM receive failed: {e}"),
+                // An ICMP report also comes back once as the error of a
+                // receive (ECONNREFUSED); the report itself is in the queue.
+                Err(e) => {
+                    debug!("CM receive: {e}");
+                    self.cm_errors();
+                    continue;
+                }
             };
             self.cm_datagram(src, &buf[..n], Instant::now());
+        }
+    }
+
+    /// Takes the kernel's reports off the CM socket's error queue: a host
+    /// that answers "port unreachable" for its CM port is up, with no agent.
+    fn cm_errors(&mut self) {
+        for _ in 0..256 {
+            let Some(udp) = self.udp.as_ref() else { return };
+            match udp.recv_error() {
+                Ok(Some(dest)) if dest.port() == self.cm_port => {
+                    debug!(%dest, "port unreachable: the host is up, with no agent");
+                    self.cm.port_unreachable(dest, Instant::now());
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
         }
     }
 
@@ -1188,6 +1215,7 @@ impl Agent {
 
     fn cm_message(&mut self, src: SocketAddr, msg: CmMessage, now: Instant) {
         debug!(%src, ?msg, "CM message");
+        self.cm.host_answered(src.ip(), now);
         match msg {
             CmMessage::Request { id, from_host, from_disc, to_host, to_disc, peer, endpoint } => {
                 if !device::is_local(&to_host) {
@@ -1245,10 +1273,21 @@ impl Agent {
             }
             CmMessage::Ack { id } => {
                 self.cm.outgoing_acked(id);
+                self.cm.withdrawal_acked(id);
                 if let Some(Some(waiter)) = self.cm.answer_acked((src, id)) {
                     self.answer_acked(waiter, (src, id));
                 }
             }
+            CmMessage::Withdraw { id } => {
+                if let Some(waiter) = self.cm.withdrawn((src, id)) {
+                    info!(%src, id, "request withdrawn by its requester");
+                    if let Some(waiter) = waiter {
+                        self.answer_refused(waiter, (src, id));
+                    }
+                }
+                self.send_udp(src, &wire(&CmMessage::Ack { id }));
+            }
+            CmMessage::Taken { id } => self.cm.outgoing_taken(id, now),
             CmMessage::KeepAlive { nonce } => self.send_udp(src, &wire(&CmMessage::KeepAliveReply { nonce })),
             CmMessage::KeepAliveReply { .. } => {}
         }
@@ -1339,6 +1378,8 @@ impl Agent {
         }
         self.cm.stats.remote_listeners_matched += 1;
         info!(client = token, src = %key.0, id = key.1, "request from another host delivered");
+        // The requester waits for this listener's answer past its timeout.
+        self.send_udp(key.0, &wire(&CmMessage::Taken { id: key.1 }));
         let deadline = Instant::now() + ANSWER_TIME;
         self.set_state(token, State::Answering { key, deadline });
         true
@@ -1445,9 +1486,9 @@ impl Agent {
         for event in self.cm.poll(now) {
             match event {
                 Event::Send(dest, datagram) => self.send_udp(dest, &datagram),
-                Event::TimedOut { token, acked } => {
-                    debug!(client = token, acked, "forwarded request timed out");
-                    match acked {
+                Event::TimedOut { token, answered } => {
+                    debug!(client = token, answered, "forwarded request timed out");
+                    match answered {
                         true => {
                             self.no_match += 1;
                             self.finish(token, &Reply::NoMatch);
@@ -1485,8 +1526,10 @@ impl Agent {
             .map(|(id, _)| *id)
             .collect();
         for id in abandoned {
-            debug!(id, "forwarded request abandoned by its client");
-            self.cm.outgoing.remove(&id);
+            debug!(id, "forwarded request abandoned by its client; withdrawn");
+            if let Some((dest, datagram)) = self.cm.withdraw(id, now) {
+                self.send_udp(dest, &datagram);
+            }
         }
         let requeue: Vec<HeldKey> = self
             .cm

@@ -77,7 +77,7 @@ pub enum AgentError {
     /// answer: the requester no longer waits).
     #[error("no matching connection request")]
     NoMatch,
-    /// The host address cannot be reached: no agent there answered.
+    /// The host address cannot be reached: the host answered nothing.
     #[error("host address not reachable")]
     Unreachable,
     /// The remote listener rejected the connect request.
@@ -298,8 +298,9 @@ pub fn listen(
 
 /// Asks for a listener; on success this process is side A.  For a listener
 /// on another host: `Err(Rejected)` if it rejects, `Err(NoMatch)` if that
-/// host's agent received the request but no listener answered in time,
-/// `Err(Unreachable)` if no agent there ever answered, and at once
+/// host is up (its agent, or its kernel when no agent runs there, answered)
+/// but no listener took the request in time, `Err(Unreachable)` if the
+/// host answered nothing, and at once
 /// `Err(NoCmPort)` if this host's agent has no CM port.
 pub fn connect(req: &Request, timeout: Duration) -> Result<Matched, AgentError> {
     Agent::from_env().connect(req, timeout)
@@ -447,7 +448,9 @@ impl Agent {
     }
 
     fn rendezvous(&self, req: ProtoRequest, bell: BorrowedFd, timeout: Duration) -> Result<Matched, AgentError> {
-        let wait = timeout.checked_add(REPLY_GRACE);
+        // The agent may wait past the timeout for a listener that took the
+        // request (`cm::TAKEN_GRACE`).
+        let wait = timeout.checked_add(cm::TAKEN_GRACE + REPLY_GRACE);
         let (_, reply, fds) = self.call(&req, &[bell], wait, self.autostart)?;
         let (side, remote_info, remote) = match reply {
             Reply::Matched { remote_info, remote } if matches!(req, ProtoRequest::Connect(_)) => {

@@ -13,12 +13,22 @@
 //!   remote agent has acknowledged (`Ack`: "held, waiting for a listener")
 //!   the slow pace applies at once.  The copies keep the request alive at the
 //!   remote agent.  At the request's deadline it ends as `NoMatch` if the
-//!   remote agent ever acknowledged, else as `Unreachable`.
+//!   remote host answered (its agent, or its kernel with an ICMP "port
+//!   unreachable" when no agent runs there, within [`HOST_MEMORY`]), else as
+//!   `Unreachable`.  A request that a listener has taken (`Taken`) waits up
+//!   to [`TAKEN_GRACE`] past its deadline for that listener's answer.
+//! * **Withdrawn** requests: a request that ends without an answer (its
+//!   deadline, or its client gone) is withdrawn (`Withdraw`, repeated on the
+//!   same schedule until acknowledged, for at most [`HOLD_TIME`]), so that
+//!   the remote agent drops it before a listener takes it.
 //! * **Held** requests: a `Request` from another agent is held under the key
 //!   (sender's address, id), so duplicates and retransmissions refresh one
-//!   entry and never make a second one.  Each copy is answered with `Ack`
-//!   while the request waits, or with the answer once there is one.  A held
-//!   request expires [`HOLD_TIME`] after its last copy arrived.
+//!   entry and never make a second one.  A new request from the same VI
+//!   (same endpoint address and VI id) supersedes the ones it held before,
+//!   which that VI no longer waits for.  Each copy is answered with `Ack`
+//!   while the request waits, `Taken` once a listener has it, or with the
+//!   answer once there is one.  A held request expires [`HOLD_TIME`] after
+//!   its last copy arrived, or at once when withdrawn.
 //! * **Answers**: `Accept` or `Reject` for a held request is retransmitted on
 //!   the same schedule until the requester's agent sends `Ack`, for at most
 //!   [`ANSWER_GIVE_UP`].
@@ -27,7 +37,7 @@
 //!   lost is acknowledged again instead of refused.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use via_wire::cm::{CmEndpoint, CmMessage};
@@ -46,6 +56,15 @@ pub const ANSWER_GIVE_UP: Duration = Duration::from_secs(5);
 pub const FINISHED_MEMORY: Duration = Duration::from_secs(10);
 /// Most requests from other agents held at once; more are refused (`NoMatch`).
 pub const MAX_HELD: usize = 4096;
+/// A host that answered (a CM message, or "port unreachable") counts as up
+/// for this long: a request to it that nobody takes ends as `NoMatch`.
+pub const HOST_MEMORY: Duration = Duration::from_secs(30);
+/// How long past its deadline a request that a listener took waits for that
+/// listener's answer: the listener's agent gives it at most its answer time
+/// (5 s), and its answer needs a round trip.
+pub const TAKEN_GRACE: Duration = Duration::from_secs(6);
+/// Most withdrawals in flight at once; more go out once, unrepeated.
+pub const MAX_WITHDRAWING: usize = 4096;
 
 /// A held request's key: the requesting agent's address and its id.
 pub type HeldKey = (SocketAddr, u64);
@@ -115,8 +134,25 @@ pub struct Outgoing {
     pub deadline: Option<Instant>,
     /// Whether the remote agent acknowledged a copy.
     pub acked: bool,
+    /// Until when a listener that took the request may still answer.
+    pub taken_until: Option<Instant>,
     /// Retransmission schedule.
     pub tx: Retransmit,
+}
+
+impl Outgoing {
+    /// When the request ends unanswered: its deadline, pushed back while a
+    /// listener that took it may still answer.
+    pub fn ends_at(&self) -> Option<Instant> {
+        self.deadline.map(|d| self.taken_until.map_or(d, |t| d.max(t)))
+    }
+}
+
+/// A request withdrawn from the remote agent; repeated until acknowledged.
+#[derive(Debug)]
+struct Withdrawal {
+    dest: SocketAddr,
+    tx: Retransmit,
 }
 
 /// Where a held request stands.
@@ -191,12 +227,14 @@ pub enum Arrival {
 pub enum Event {
     /// Send this datagram (a retransmission).
     Send(SocketAddr, Vec<u8>),
-    /// The forwarded request of this client reached its deadline.
+    /// The forwarded request of this client reached its deadline (and is
+    /// withdrawn: the `Send` of its `Withdraw` comes with this event).
     TimedOut {
         /// The client.
         token: u64,
-        /// Whether the remote agent ever acknowledged it.
-        acked: bool,
+        /// Whether the remote host answered: its agent acknowledged the
+        /// request, or the host answered recently ([`HOST_MEMORY`]).
+        answered: bool,
     },
     /// Nobody acknowledged the answer to this held request.
     GaveUp {
@@ -230,6 +268,14 @@ pub struct CmStats {
     pub malformed: u64,
     /// Held requests handed to a local listener.
     pub remote_listeners_matched: u64,
+    /// Requests this agent withdrew from other hosts.
+    pub withdrawn_sent: u64,
+    /// Held requests dropped because their requester withdrew them.
+    pub withdrawn_received: u64,
+    /// Held requests dropped because a newer request of the same VI came.
+    pub superseded: u64,
+    /// ICMP "port unreachable" answers: a host up with no agent.
+    pub port_unreachable: u64,
 }
 
 /// The CM tables of one agent.
@@ -240,6 +286,9 @@ pub struct Cm {
     /// Requests from other agents.
     pub held: BTreeMap<HeldKey, Held>,
     finished: BTreeMap<u64, (Outcome, Instant)>,
+    withdrawing: BTreeMap<u64, Withdrawal>,
+    /// When each host last answered.
+    answered: BTreeMap<IpAddr, Instant>,
     next_id: u64,
     /// Counters.
     pub stats: CmStats,
@@ -253,6 +302,8 @@ impl Cm {
             outgoing: BTreeMap::new(),
             held: BTreeMap::new(),
             finished: BTreeMap::new(),
+            withdrawing: BTreeMap::new(),
+            answered: BTreeMap::new(),
             next_id: seed,
             stats: CmStats::default(),
         }
@@ -260,7 +311,7 @@ impl Cm {
 
     /// Whether any request or answer is in flight.
     pub fn busy(&self) -> bool {
-        !self.outgoing.is_empty() || !self.held.is_empty()
+        !self.outgoing.is_empty() || !self.held.is_empty() || !self.withdrawing.is_empty()
     }
 
     /// Registers a request for client `token` to the agent at `dest`, whose
@@ -282,7 +333,15 @@ impl Cm {
         let datagram = encode(id)?;
         self.outgoing.insert(
             id,
-            Outgoing { token, dest, datagram: datagram.clone(), deadline, acked: false, tx: Retransmit::new(now) },
+            Outgoing {
+                token,
+                dest,
+                datagram: datagram.clone(),
+                deadline,
+                acked: false,
+                taken_until: None,
+                tx: Retransmit::new(now),
+            },
         );
         self.stats.requests_sent += 1;
         Some((id, datagram))
@@ -296,6 +355,55 @@ impl Cm {
                 o.tx.slow_down();
             }
         }
+    }
+
+    /// A listener at the remote agent took request `id`: it waits for that
+    /// listener's answer up to [`TAKEN_GRACE`] from now, past its deadline.
+    pub fn outgoing_taken(&mut self, id: u64, now: Instant) {
+        self.outgoing_acked(id);
+        if let Some(o) = self.outgoing.get_mut(&id) {
+            o.taken_until = Some(now + TAKEN_GRACE);
+        }
+    }
+
+    /// Host `ip` answered at `now`: a CM message from its agent, or its
+    /// kernel's "port unreachable" for the CM port.
+    pub fn host_answered(&mut self, ip: IpAddr, now: Instant) {
+        self.answered.insert(ip, now);
+    }
+
+    /// The kernel reported "port unreachable" for a datagram to `dest`: the
+    /// host is up, and no agent runs there (yet).
+    pub fn port_unreachable(&mut self, dest: SocketAddr, now: Instant) {
+        self.stats.port_unreachable += 1;
+        self.host_answered(dest.ip(), now);
+    }
+
+    /// Whether host `ip` answered within [`HOST_MEMORY`] of `now`.
+    pub fn host_up(&self, ip: IpAddr, now: Instant) -> bool {
+        self.answered.get(&ip).is_some_and(|t| now < *t + HOST_MEMORY)
+    }
+
+    /// Ends request `id`, which no longer waits, and withdraws it from the
+    /// remote agent: returns where to send the first `Withdraw` and its
+    /// bytes.
+    pub fn withdraw(&mut self, id: u64, now: Instant) -> Option<(SocketAddr, Vec<u8>)> {
+        let o = self.outgoing.remove(&id)?;
+        Some((o.dest, self.start_withdrawal(id, o.dest, now)))
+    }
+
+    fn start_withdrawal(&mut self, id: u64, dest: SocketAddr, now: Instant) -> Vec<u8> {
+        self.stats.withdrawn_sent += 1;
+        if self.withdrawing.len() < MAX_WITHDRAWING {
+            self.withdrawing.insert(id, Withdrawal { dest, tx: Retransmit::new(now) });
+        }
+        CmMessage::Withdraw { id }.encode()
+    }
+
+    /// The remote agent acknowledged the withdrawal of `id` (or an `Ack` of
+    /// the request itself crossed it: the request expires there anyway).
+    pub fn withdrawal_acked(&mut self, id: u64) {
+        self.withdrawing.remove(&id);
     }
 
     /// Ends request `id`; remembers `outcome`, if any, for re-acknowledging.
@@ -320,10 +428,19 @@ impl Cm {
             h.last_seen = now;
             self.stats.duplicates += 1;
             return Arrival::Duplicate(match &h.state {
-                HeldState::Queued | HeldState::Delivered(_) => CmMessage::Ack { id }.encode(),
+                HeldState::Queued => CmMessage::Ack { id }.encode(),
+                HeldState::Delivered(_) => CmMessage::Taken { id }.encode(),
                 HeldState::Answering { datagram, .. } | HeldState::Answered { datagram } => datagram.clone(),
             });
         }
+        // The VI asks again: what it asked before no longer waits.  (A
+        // request being answered stays: its answer tells the requester.)
+        let before = self.held.len();
+        self.held.retain(|(from, _), h| {
+            let same_vi = *from == src && h.endpoint.addr == held.endpoint.addr && h.endpoint.vi == held.endpoint.vi;
+            !(same_vi && matches!(h.state, HeldState::Queued | HeldState::Delivered(_)))
+        });
+        self.stats.superseded += (before - self.held.len()) as u64;
         if self.held.len() >= MAX_HELD {
             return Arrival::Full;
         }
@@ -364,21 +481,48 @@ impl Cm {
         Some(waiter)
     }
 
+    /// The requester withdrew held request `key`: forgets it, whatever its
+    /// state (a listener it was delivered to gets `NoMatch` for its answer).
+    /// Returns `Some(waiter)` if it was held, where `waiter` is the local
+    /// client that waits for the acknowledgement of an answer in flight.
+    pub fn withdrawn(&mut self, key: HeldKey) -> Option<Option<u64>> {
+        let h = self.held.remove(&key)?;
+        self.stats.withdrawn_received += 1;
+        Some(match h.state {
+            HeldState::Answering { waiter, .. } => waiter,
+            _ => None,
+        })
+    }
+
     /// Retransmits what is due, ends requests at their deadline, gives up
     /// unacknowledged answers and forgets expired state.
     pub fn poll(&mut self, now: Instant) -> Vec<Event> {
         let mut events = Vec::new();
         let timed_out: Vec<u64> =
-            self.outgoing.iter().filter(|(_, o)| o.deadline.is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
+            self.outgoing.iter().filter(|(_, o)| o.ends_at().is_some_and(|d| d <= now)).map(|(id, _)| *id).collect();
         for id in timed_out {
             if let Some(o) = self.outgoing.remove(&id) {
-                match o.acked {
+                let answered = o.acked || self.host_up(o.dest.ip(), now);
+                match answered {
                     true => self.stats.no_match += 1,
                     false => self.stats.unreachable += 1,
                 }
-                events.push(Event::TimedOut { token: o.token, acked: o.acked });
+                let withdraw = self.start_withdrawal(id, o.dest, now);
+                events.push(Event::Send(o.dest, withdraw));
+                events.push(Event::TimedOut { token: o.token, answered });
             }
         }
+        self.withdrawing.retain(|id, w| {
+            if now >= w.tx.start() + HOLD_TIME {
+                return false;
+            }
+            if w.tx.next() <= now {
+                w.tx.sent(now);
+                events.push(Event::Send(w.dest, CmMessage::Withdraw { id: *id }.encode()));
+            }
+            true
+        });
+        self.answered.retain(|_, t| now < *t + HOST_MEMORY);
         for o in self.outgoing.values_mut() {
             if o.tx.next() <= now {
                 o.tx.sent(now);
@@ -412,13 +556,14 @@ impl Cm {
 
     /// When [`Cm::poll`] has something to do next.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let outgoing = self.outgoing.values().flat_map(|o| [Some(o.tx.next()), o.deadline]);
+        let outgoing = self.outgoing.values().flat_map(|o| [Some(o.tx.next()), o.ends_at()]);
+        let withdrawing = self.withdrawing.values().map(|w| Some(w.tx.next().min(w.tx.start() + HOLD_TIME)));
         let held = self.held.values().map(|h| match &h.state {
             HeldState::Answering { tx, .. } => Some(tx.next().min(tx.start() + ANSWER_GIVE_UP)),
             _ => Some(h.last_seen + HOLD_TIME),
         });
         let finished = self.finished.values().map(|f| Some(f.1));
-        outgoing.chain(held).chain(finished).flatten().min()
+        outgoing.chain(withdrawing).chain(held).chain(finished).flatten().min()
     }
 }
 
@@ -447,7 +592,10 @@ mod tests {
         }
     }
 
+    /// A request of VI `seq` (each its own VI, unless changed).
     fn held(seq: u64, now: Instant) -> Held {
+        let mut endpoint = endpoint();
+        endpoint.vi = seq as u32;
         Held {
             seq,
             from_host: vec![10, 0, 0, 1],
@@ -455,7 +603,7 @@ mod tests {
             to_host: vec![10, 0, 0, 2],
             to_disc: b"s".to_vec(),
             peer: false,
-            endpoint: endpoint(),
+            endpoint,
             last_seen: now,
             state: HeldState::Queued,
         }
@@ -513,8 +661,16 @@ mod tests {
         // The copy due at 200 ms moves to 600 ms.
         let at = copy_times(&mut cm, t0 + ms(101), 1898);
         assert_eq!(at, vec![499, 999, 1499]);
-        assert_eq!(cm.poll(t0 + ms(2000)), vec![Event::TimedOut { token: 3, acked: true }]);
-        assert!(cm.outgoing.is_empty() && !cm.busy());
+        let withdraw = CmMessage::Withdraw { id }.encode();
+        assert_eq!(
+            cm.poll(t0 + ms(2000)),
+            vec![Event::Send(dest, withdraw), Event::TimedOut { token: 3, answered: true }]
+        );
+        assert!(cm.outgoing.is_empty());
+        // The withdrawal goes on until acknowledged.
+        assert!(cm.busy());
+        cm.withdrawal_acked(id);
+        assert!(!cm.busy());
         assert_eq!((cm.stats.no_match, cm.stats.unreachable), (1, 0));
     }
 
@@ -523,14 +679,21 @@ mod tests {
         let t0 = Instant::now();
         let mut cm = Cm::new(1);
         let dest: SocketAddr = "10.0.0.2:60".parse().unwrap();
-        cm.start(4, dest, |_| Some(vec![1]), Some(t0 + ms(250)), t0);
+        let (id, _) = cm.start(4, dest, |_| Some(vec![1]), Some(t0 + ms(250)), t0).unwrap();
         assert_eq!(cm.next_deadline(), Some(t0 + ms(100)));
         assert_eq!(sends(&cm.poll(t0 + ms(100))), 1);
         assert_eq!(sends(&cm.poll(t0 + ms(200))), 1);
         assert_eq!(cm.next_deadline(), Some(t0 + ms(250)));
         let events = cm.poll(t0 + ms(250));
-        assert_eq!(events, vec![Event::TimedOut { token: 4, acked: false }]);
+        let withdraw = CmMessage::Withdraw { id }.encode();
+        assert_eq!(events, vec![Event::Send(dest, withdraw.clone()), Event::TimedOut { token: 4, answered: false }]);
         assert_eq!((cm.stats.no_match, cm.stats.unreachable), (0, 1));
+        // Unacknowledged, the withdrawal is repeated on the request's
+        // schedule for HOLD_TIME, then given up.
+        let at = copy_times(&mut cm, t0 + ms(251), 3000);
+        assert_eq!(at, (1..FAST_COPIES as u64).map(|k| 100 * k - 1).chain([1399, 1899]).collect::<Vec<_>>());
+        assert!(!cm.busy());
+        assert_eq!(cm.stats.withdrawn_sent, 1);
     }
 
     #[test]
@@ -583,7 +746,7 @@ mod tests {
         for id in 0..MAX_HELD as u64 {
             assert_eq!(cm.arrive(a, id, held(id, t0)), Arrival::New);
         }
-        assert_eq!(cm.arrive(a, u64::MAX, held(0, t0)), Arrival::Full);
+        assert_eq!(cm.arrive(a, u64::MAX, held(u64::MAX, t0)), Arrival::Full);
     }
 
     #[test]
@@ -618,6 +781,104 @@ mod tests {
         assert_eq!(gave_up, vec![(5000, (a, 2), None)]);
         // Afterwards both expire like any held request.
         assert!(cm.held.is_empty());
+    }
+
+    #[test]
+    fn a_host_that_answered_port_unreachable_is_up_and_its_requests_end_as_no_match() {
+        let t0 = Instant::now();
+        let mut cm = Cm::new(1);
+        let up: SocketAddr = "10.0.0.2:60".parse().unwrap();
+        let down: SocketAddr = "10.0.0.3:60".parse().unwrap();
+        cm.start(1, up, |_| Some(vec![1]), Some(t0 + ms(1000)), t0);
+        cm.start(2, down, |_| Some(vec![2]), Some(t0 + ms(1000)), t0);
+        cm.port_unreachable(up, t0 + ms(10));
+        let ended: Vec<Event> =
+            cm.poll(t0 + ms(1000)).into_iter().filter(|e| matches!(e, Event::TimedOut { .. })).collect();
+        assert_eq!(
+            ended,
+            vec![Event::TimedOut { token: 1, answered: true }, Event::TimedOut { token: 2, answered: false }]
+        );
+        assert_eq!((cm.stats.no_match, cm.stats.unreachable, cm.stats.port_unreachable), (1, 1, 1));
+        // The host counts as up for HOST_MEMORY: a later request, whose
+        // copies the kernel no longer answers (ICMP is rate-limited), also
+        // ends as NoMatch; after that it is unreachable again.
+        let later = t0 + ms(10) + HOST_MEMORY - ms(1);
+        cm.start(3, up, |_| Some(vec![3]), Some(later), t0 + ms(1000));
+        let events = cm.poll(later);
+        assert!(events.contains(&Event::TimedOut { token: 3, answered: true }), "{events:?}");
+        cm.start(4, up, |_| Some(vec![4]), Some(later + ms(600)), later);
+        let events = cm.poll(later + ms(600));
+        assert!(events.contains(&Event::TimedOut { token: 4, answered: false }), "{events:?}");
+        // Any CM message counts as an answer too.
+        cm.host_answered(down.ip(), later);
+        assert!(cm.host_up(down.ip(), later + HOST_MEMORY - ms(1)) && !cm.host_up(down.ip(), later + HOST_MEMORY));
+    }
+
+    #[test]
+    fn a_request_a_listener_took_waits_past_its_deadline_for_the_answer() {
+        let t0 = Instant::now();
+        let mut cm = Cm::new(1);
+        let dest: SocketAddr = "10.0.0.2:60".parse().unwrap();
+        let (id, _) = cm.start(1, dest, |_| Some(vec![1]), Some(t0 + ms(1000)), t0).unwrap();
+        cm.outgoing_taken(id, t0 + ms(900));
+        assert!(cm.outgoing[&id].acked);
+        assert_eq!(cm.next_deadline().map(|d| d > t0 + ms(1000)), Some(false), "copies still go out");
+        let ends = t0 + ms(900) + TAKEN_GRACE;
+        assert_eq!(cm.outgoing[&id].ends_at(), Some(ends));
+        for t in (1000..(900 + TAKEN_GRACE.as_millis() as u64)).step_by(50) {
+            let events = cm.poll(t0 + ms(t));
+            assert!(!events.iter().any(|e| matches!(e, Event::TimedOut { .. })), "ended at {t} ms");
+        }
+        assert!(cm.poll(ends).contains(&Event::TimedOut { token: 1, answered: true }));
+        // Taken before the deadline changes nothing: the deadline stays.
+        let (id, _) = cm.start(2, dest, |_| Some(vec![1]), Some(ends + TAKEN_GRACE * 2), ends).unwrap();
+        cm.outgoing_taken(id, ends);
+        assert_eq!(cm.outgoing[&id].ends_at(), Some(ends + TAKEN_GRACE * 2));
+    }
+
+    #[test]
+    fn a_withdrawn_or_superseded_request_is_never_held_for_a_listener() {
+        let t0 = Instant::now();
+        let mut cm = Cm::new(1);
+        let a: SocketAddr = "10.0.0.1:60".parse().unwrap();
+        let b: SocketAddr = "10.0.0.3:60".parse().unwrap();
+        // Withdrawn while queued: gone, with no listener to tell.
+        cm.arrive(a, 1, held(1, t0));
+        assert_eq!(cm.withdrawn((a, 1)), Some(None));
+        assert_eq!(cm.withdrawn((a, 1)), None);
+        assert!(cm.held.is_empty());
+        // Withdrawn while its answer is in flight: the waiter is told.
+        cm.arrive(a, 2, held(2, t0));
+        cm.answer((a, 2), vec![2], Some(9), t0);
+        assert_eq!(cm.withdrawn((a, 2)), Some(Some(9)));
+        // Delivered: gone too (the listener's answer then finds nothing),
+        // and until then its copies are answered `Taken`.
+        cm.arrive(a, 3, held(3, t0));
+        cm.held.get_mut(&(a, 3)).unwrap().state = HeldState::Delivered(4);
+        let taken = CmMessage::Taken { id: 3 }.encode();
+        assert_eq!(cm.arrive(a, 3, held(0, t0 + ms(100))), Arrival::Duplicate(taken));
+        assert_eq!(cm.withdrawn((a, 3)), Some(None));
+        assert_eq!(cm.stats.withdrawn_received, 3);
+
+        // The same VI asks again with a new id: the old request goes, the
+        // requests of other VIs and other agents stay.
+        let of_vi = |seq, vi, now| {
+            let mut h = held(seq, now);
+            h.endpoint.vi = vi;
+            h
+        };
+        cm.arrive(a, 10, of_vi(10, 1, t0));
+        cm.arrive(a, 11, of_vi(11, 2, t0));
+        cm.arrive(b, 12, of_vi(12, 1, t0));
+        cm.arrive(a, 13, of_vi(13, 1, t0 + ms(5)));
+        let mut keys: Vec<HeldKey> = cm.held.keys().copied().collect();
+        keys.sort();
+        assert_eq!(keys, vec![(a, 11), (a, 13), (b, 12)]);
+        assert_eq!(cm.stats.superseded, 1);
+        // One being answered is not superseded: its answer ends it.
+        cm.answer((a, 13), vec![13], None, t0);
+        cm.arrive(a, 14, of_vi(14, 1, t0 + ms(6)));
+        assert!(cm.held.contains_key(&(a, 13)) && cm.held.contains_key(&(a, 14)));
     }
 
     #[test]

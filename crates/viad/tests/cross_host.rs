@@ -443,34 +443,46 @@ fn no_listener_is_no_match() {
 }
 
 #[test]
-fn host_without_agent_is_unreachable() {
-    let Some(net) = Net::new("host_without_agent_is_unreachable") else {
+fn a_host_up_without_an_agent_is_no_match_and_a_silent_one_unreachable() {
+    let Some(net) = Net::new("a_host_up_without_an_agent_is_no_match_and_a_silent_one_unreachable") else {
         return;
     };
     let a = NsAgent::start(&net.a, &[], &[]);
     let (a4, b4) = (net.a4, net.b4);
     let ep_a = endpoint(&format!("10.77.{}.1:40001", a4[2]), 1);
+    // Host b is up, with no agent: its kernel answers "port unreachable",
+    // and a request nobody takes ends at its deadline as NoMatch.
     let ask = Ask::new((&a4, b"cli"), (&b4, b"svc"), &ep_a);
     let t = Instant::now();
     let err = a.run(move |agent| ask.connect(&agent, ms(700))).unwrap_err();
-    assert!(matches!(err, AgentError::Unreachable), "{err:?}");
+    assert!(matches!(err, AgentError::NoMatch), "{err:?}");
     assert!(t.elapsed() >= ms(700));
     let s = a.stats();
-    assert_eq!((s["cm_unreachable"], s["unreachable"], s["cm_no_match"]), (1, 1, 0));
-    // Copies at 0, 100, ..., 600 ms.
+    assert_eq!((s["cm_no_match"], s["cm_unreachable"], s["unreachable"]), (1, 0, 0));
+    assert!(s["cm_port_unreachable"] >= 1, "{}", s["cm_port_unreachable"]);
+    // Copies at 0, 100, ..., 600 ms; the request is withdrawn at its end.
     assert!(s["cm_retransmits"] >= 5, "{}", s["cm_retransmits"]);
+    assert_eq!(s["cm_withdrawn_sent"], 1);
+
+    // An address on the link that nobody has does not answer at all.
+    let silent = [10, 77, a4[2], 9];
+    let ask = Ask::new((&a4, b"cli"), (&silent, b"svc"), &ep_a);
+    let err = a.run(move |agent| ask.connect(&agent, ms(700))).unwrap_err();
+    assert!(matches!(err, AgentError::Unreachable), "{err:?}");
+    assert_eq!((a.stat("cm_unreachable"), a.stat("unreachable")), (1, 1));
+
     // The smaller host never forwards a peer request: it waits, and ends
     // with NoMatch.
     let ask = Ask::new((&a4, b"p1"), (&b4, b"p2"), &ep_a);
     let err = a.run(move |agent| ask.peer(&agent, ms(300))).unwrap_err();
     assert!(matches!(err, AgentError::NoMatch), "{err:?}");
-    assert_eq!(a.stat("cm_requests_sent"), 1);
-    // The larger host does, and finds nobody (the agent takes the local
-    // host address as the process gives it: here one larger than b's).
+    assert_eq!(a.stat("cm_requests_sent"), 2);
+    // The larger host does (the agent takes the local host address as the
+    // process gives it: here one larger than b's), and finds nobody there.
     let ask = Ask::new((&[10, 77, a4[2], 3], b"p1"), (&b4, b"p2"), &ep_a);
     let err = a.run(move |agent| ask.peer(&agent, ms(300))).unwrap_err();
-    assert!(matches!(err, AgentError::Unreachable), "{err:?}");
-    assert_eq!((a.stat("cm_requests_sent"), a.stat("cm_unreachable")), (2, 2));
+    assert!(matches!(err, AgentError::NoMatch), "{err:?}");
+    assert_eq!((a.stat("cm_requests_sent"), a.stat("cm_no_match")), (3, 3));
 }
 
 /// Receives CM messages on `sock` until `want` says stop or 3 s pass.
@@ -530,13 +542,16 @@ fn retransmitted_requests_are_delivered_once() {
     for _ in 0..5 {
         sock.send_to(&request(77, &b4), agent_b).unwrap();
     }
-    let mut acks = 0;
-    receive(&sock, |m| {
-        assert_eq!(m, &CmMessage::Ack { id: 77 });
-        acks += 1;
-        acks == 5
+    // The first copy is acknowledged and taken by the listener at once:
+    // the requester hears `Taken`, and so does every later copy.
+    let mut answers = 0;
+    let got = receive(&sock, |_| {
+        answers += 1;
+        answers == 6
     });
-    assert_eq!(acks, 5, "every copy is acknowledged");
+    let mut want = vec![CmMessage::Taken { id: 77 }; 6];
+    want[0] = CmMessage::Ack { id: 77 };
+    assert_eq!(got, want, "every copy is answered");
     let inc = first.join().unwrap();
     assert_eq!(decode_endpoint(&inc.remote_info), Some(ep_a.clone()));
     assert_eq!((inc.remote_host.as_slice(), inc.remote_disc.as_slice()), (&a4[..], &b"raw"[..]));
@@ -769,4 +784,121 @@ fn a_listener_that_never_answers_loses_the_request() {
     let s = b.stats();
     assert_eq!((s["answer_timeouts"], s["remote_listeners_matched"]), (1, 2));
     assert_eq!((s["cm_accepts"], s["clients"]), (1, 1));
+}
+
+/// An eventfd that ends a client's wait once written.
+fn cancel_fd() -> std::sync::Arc<OwnedFd> {
+    // SAFETY: plain syscall; the fd is owned from here on.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    assert!(fd >= 0);
+    std::sync::Arc::new(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn cancel(fd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: an 8-byte write to an eventfd.
+    assert_eq!(unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) }, 8);
+}
+
+/// Waits until `agent`'s counter `name` is at least `value`.
+fn await_at_least(agent: &NsAgent, name: &str, value: u64) {
+    let deadline = Instant::now() + 5 * SECOND;
+    while agent.stat(name) < value {
+        assert!(Instant::now() < deadline, "{name} never reached {value}");
+        thread::sleep(ms(10));
+    }
+}
+
+#[test]
+fn a_request_whose_requester_gave_up_is_never_handed_to_a_listener() {
+    let Some(net) = Net::new("a_request_whose_requester_gave_up_is_never_handed_to_a_listener") else {
+        return;
+    };
+    let a = NsAgent::start(&net.a, &[], &[]);
+    let b = NsAgent::start(&net.b, &[], &[]);
+    let (a4, b4) = (net.a4, net.b4);
+    let ep_a = endpoint(&format!("10.77.{}.1:40001", a4[2]), 1);
+    let ep_b = endpoint(&format!("10.77.{}.2:40002", a4[2]), 2);
+
+    // Timed out: held at b (acknowledged), so NoMatch, then withdrawn.
+    let ask = Ask::new((&a4, b"cli"), (&b4, b"svc"), &ep_a);
+    let err = a.run(move |agent| ask.connect(&agent, ms(500))).unwrap_err();
+    assert!(matches!(err, AgentError::NoMatch), "{err:?}");
+    b.await_stat("cm_withdrawn_received", 1);
+    assert_eq!(b.stat("remote_held"), 0);
+    let err = b.run(move |agent| listen(&agent, &b4, b"svc", ms(300))).unwrap_err();
+    assert!(matches!(err, AgentError::Timeout), "a withdrawn request was delivered: {err:?}");
+
+    // Given up by its process (the connection to the agent closes, as when
+    // the process dies): withdrawn too.
+    let stop = cancel_fd();
+    let ask = Ask::new((&a4, b"cli"), (&b4, b"svc"), &ep_a);
+    let (agent_a, stop2) = (a.agent.clone(), stop.clone());
+    let asking = in_ns(&net.a, move || ask.connect(&agent_a.cancelled_by(stop2), 30 * SECOND));
+    await_at_least(&b, "remote_held", 1);
+    cancel(&stop);
+    assert!(matches!(asking.join().unwrap(), Err(AgentError::Cancelled)));
+    b.await_stat("cm_withdrawn_received", 2);
+    let err = b.run(move |agent| listen(&agent, &b4, b"svc", ms(300))).unwrap_err();
+    assert!(matches!(err, AgentError::Timeout), "an abandoned request was delivered: {err:?}");
+
+    // The same VI asking again while its earlier copies may still be held:
+    // the listener gets the newest request, and it is accepted.
+    let ask = Ask::new((&a4, b"cli"), (&b4, b"svc"), &ep_a);
+    let asking = a.spawn(move |agent| ask.connect(&agent, 5 * SECOND));
+    await_at_least(&b, "remote_held", 1);
+    let (_, _, seen, result) = answering_listener(&b, b4, b"svc", Some(ep_b.clone())).join().unwrap();
+    result.unwrap();
+    assert_eq!(seen, Some(ep_a));
+    remote_matched(&asking.join().unwrap().unwrap(), Side::A, &ep_b);
+    assert_eq!(a.stat("cm_withdrawn_sent"), 2);
+}
+
+#[test]
+fn a_listener_that_took_a_request_at_its_deadline_still_connects() {
+    let Some(net) = Net::new("a_listener_that_took_a_request_at_its_deadline_still_connects") else {
+        return;
+    };
+    let a = NsAgent::start(&net.a, &[], &[]);
+    let b = NsAgent::start(&net.b, &[], &[]);
+    let (a4, b4) = (net.a4, net.b4);
+    let ep_a = endpoint(&format!("10.77.{}.1:40001", a4[2]), 1);
+    let ep_b = endpoint(&format!("10.77.{}.2:40002", a4[2]), 2);
+    // The listener takes the request at once and answers 1.5 s later,
+    // past the requester's 1 s timeout.
+    let ep = ep_b.clone();
+    let listener = b.spawn(move |agent| {
+        let inc = listen(&agent, &b4, b"svc", 10 * SECOND).unwrap();
+        let Transport::Remote(responder) = inc.transport else { panic!("local transport") };
+        thread::sleep(ms(1500));
+        responder.accept(&encode_endpoint(&ep))
+    });
+    b.await_stat("listeners_waiting", 1);
+    let ask = Ask::new((&a4, b"cli"), (&b4, b"svc"), &ep_a);
+    let t = Instant::now();
+    let m = a.run(move |agent| ask.connect(&agent, SECOND)).unwrap();
+    assert!(t.elapsed() >= ms(1400), "{:?}", t.elapsed());
+    remote_matched(&m, Side::A, &ep_b);
+    listener.join().unwrap().unwrap();
+    assert_eq!(a.stat("cm_withdrawn_sent"), 0);
+}
+
+#[test]
+fn a_host_whose_agent_starts_during_the_request_connects() {
+    let Some(net) = Net::new("a_host_whose_agent_starts_during_the_request_connects") else {
+        return;
+    };
+    let a = NsAgent::start(&net.a, &[], &[]);
+    let (a4, b4) = (net.a4, net.b4);
+    let ep_a = endpoint(&format!("10.77.{}.1:40001", a4[2]), 1);
+    let ep_b = endpoint(&format!("10.77.{}.2:40002", a4[2]), 2);
+    let ask = Ask::new((&a4, b"cli"), (&b4, b"svc"), &ep_a);
+    let asking = a.spawn(move |agent| ask.connect(&agent, 5 * SECOND));
+    await_at_least(&a, "cm_port_unreachable", 1);
+    thread::sleep(ms(1200));
+    let b = NsAgent::start(&net.b, &[], &[]);
+    let (_, _, seen, result) = answering_listener(&b, b4, b"svc", Some(ep_b.clone())).join().unwrap();
+    result.unwrap();
+    assert_eq!(seen, Some(ep_a));
+    remote_matched(&asking.join().unwrap().unwrap(), Side::A, &ep_b);
 }
