@@ -88,7 +88,7 @@ uninstall:
 		$(DESTDIR)$(PREFIX)/bin/viad \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc
 
-# pkg-config and valgrind, if missing (scripts/setup.sh).
+# pkg-config, valgrind, nftables and python3-matplotlib, if missing (scripts/setup.sh).
 setup:
 	sh scripts/setup.sh
 

@@ -1,8 +1,10 @@
 #!/bin/sh
 # Installs what building and testing openvia needs beyond the Rust and C
 # toolchains: pkg-config (to build programs against the installed vipl.pc),
-# valgrind (for the memory-checked test run) and nft (the cluster's
-# frame-loss case drops frames with it).  Idempotent.
+# valgrind (for the memory-checked test run), nft (the cluster's
+# frame-loss case drops frames with it) and matplotlib (reproduce/run's
+# plots), from the distribution with apt-get.  Idempotent, and silent when
+# everything is there.
 set -eu
 missing=""
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
@@ -10,7 +12,19 @@ command -v valgrind >/dev/null 2>&1 || missing="$missing valgrind"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust) is required" >&2; exit 1; }
 command -v cc >/dev/null 2>&1 || missing="$missing gcc"
 command -v nft >/dev/null 2>&1 || missing="$missing nftables"
+# reproduce/run uses python3 from PATH, or the distribution's
+# /usr/bin/python3, whichever imports matplotlib.
+python3 -c 'import matplotlib' >/dev/null 2>&1 \
+    || { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1; } \
+    || missing="$missing python3-matplotlib"
 if [ -n "$missing" ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup: no apt-get here; install these with the system's package manager:$missing" >&2
+        case $missing in *python3-matplotlib*)
+            echo "setup: (matplotlib may come from pip instead: python3 -m pip install matplotlib)" >&2 ;;
+        esac
+        exit 1
+    fi
     echo "setup: installing$missing"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
