@@ -49,8 +49,11 @@ TESTS := header api_errors memory sendrecv rdma errors connect cq threads handov
 VALGRIND_TESTS := api_errors memory sendrecv badinput
 EXAMPLES := pingpong
 
-TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread
-ASAN_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -pthread \
+# tests/c/header.c checks that vipl.h's version macros say VERSION.
+VERSION_DEF := -DVT_LIBRARY_VERSION='"$(VERSION)"'
+
+TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread $(VERSION_DEF)
+ASAN_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -pthread $(VERSION_DEF) \
 	-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 # pkg-config against the staged install only.
