@@ -45,7 +45,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := header api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
+TESTS := header giganet gnu89 api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
 VALGRIND_TESTS := api_errors memory sendrecv badinput
 EXAMPLES := pingpong
 
@@ -55,6 +55,13 @@ VERSION_DEF := -DVT_LIBRARY_VERSION='"$(VERSION)"'
 TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread $(VERSION_DEF)
 ASAN_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -pthread $(VERSION_DEF) \
 	-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+# vipl.h under the C standards that VIA programs are written in: the programs of
+# GNU89_TESTS are built with -std=gnu89 (after TEST_CFLAGS's -std=c11, so it
+# wins), and each program:standard of PEDANTIC_CHECKS whose program is in TESTS
+# is also compiled with -pedantic, warnings as errors.
+GNU89_TESTS := gnu89
+PEDANTIC_CHECKS := gnu89:c89 gnu89:gnu89 gnu89:c99 gnu89:c11 gnu89:c17 giganet:c11 giganet:c17
 
 # pkg-config against the staged install only.
 STAGE_PC = PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig PKG_CONFIG_LIBDIR=$(STAGE)/lib/pkgconfig
@@ -132,18 +139,30 @@ test-fuzz:
 # ------------------------------------------------------------------
 # C conformance programs
 
+# Sets std to the -std= option of program $t, if it is not built as c11.
+STD_OF = std=; case " $(GNU89_TESTS) " in *" $$t "*) std=-std=gnu89;; esac
+
 test-c-build: stage
 	@mkdir -p $(BUILD)/tests/c
+	@set -e; for c in $(PEDANTIC_CHECKS); do \
+		t=$${c%%:*}; s=$${c#*:}; \
+		case " $(TESTS) " in *" $$t "*) ;; *) continue;; esac; \
+		echo "CC -std=$$s -pedantic $$t (compile only)"; \
+		$(CC) -std=$$s -pedantic -Wall -Wextra -Werror $(VERSION_DEF) $(VIPL_CFLAGS) \
+			-fsyntax-only tests/c/$$t.c; \
+	done
 	@set -e; for t in $(TESTS); do \
-		echo "CC $$t"; \
-		$(CC) $(TEST_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/c/$$t tests/c/$$t.c $(VIPL_LIBS); \
+		$(STD_OF); \
+		echo "CC $$t$${std:+ $$std}"; \
+		$(CC) $(TEST_CFLAGS) $$std $(VIPL_CFLAGS) -o $(BUILD)/tests/c/$$t tests/c/$$t.c $(VIPL_LIBS); \
 	done
 
 test-c-asan-build: stage
 	@mkdir -p $(BUILD)/tests/c-asan
 	@set -e; for t in $(TESTS); do \
-		echo "CC (asan) $$t"; \
-		$(CC) $(ASAN_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/c-asan/$$t tests/c/$$t.c $(VIPL_LIBS); \
+		$(STD_OF); \
+		echo "CC (asan) $$t$${std:+ $$std}"; \
+		$(CC) $(ASAN_CFLAGS) $$std $(VIPL_CFLAGS) -o $(BUILD)/tests/c-asan/$$t tests/c/$$t.c $(VIPL_LIBS); \
 	done
 
 test-c: test-c-build
