@@ -4,6 +4,7 @@
 #   make install PREFIX=dir   header, libraries, viad and vipl.pc under dir
 #   make uninstall PREFIX=dir
 #   make test-c               stage an install, build tests/c against it, run them
+#   make test-cxx             the C++ programs of tests/cxx, against the same stage
 #   make test-c-asan          the same programs with AddressSanitizer and UBSan
 #   make test-c-tuning        the same programs under each design alternative
 #                             of the provider (docs/tuning.md)
@@ -17,16 +18,17 @@
 #                             emulated by network namespaces (tests/cluster/run.sh;
 #                             needs root and iproute2, else every case is skipped)
 #   make test-reproduce       a reduced run of the papers' experiments (reproduce/run --quick)
-#   make test                 Rust tests and clippy, then test-c, test-c-asan,
+#   make test                 Rust tests and clippy, then test-c, test-cxx, test-c-asan,
 #                             test-c-valgrind, test-cluster, test-bench and test-reproduce
 #
-# test-c, test-c-asan, test-c-valgrind, test-cluster and example install into the staging
-# prefix build/stage unless PREFIX is given.
+# test-c, test-cxx, test-c-asan, test-c-valgrind, test-cluster and example install into the
+# staging prefix build/stage unless PREFIX is given.
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
 CARGO   ?= cargo
 CC      ?= cc
+CXX     ?= g++
 INSTALL ?= install
 PKG_CONFIG ?= pkg-config
 
@@ -63,13 +65,20 @@ ASAN_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -pthread $(VERSION_DEF) \
 GNU89_TESTS := gnu89
 PEDANTIC_CHECKS := gnu89:c89 gnu89:gnu89 gnu89:c99 gnu89:c11 gnu89:c17 giganet:c11 giganet:c17
 
+# The C++ programs (tests/cxx): built with TEST_CXXFLAGS and run; also compiled,
+# -pedantic, warnings as errors, under each of CXX_CHECK_STDS.
+CXX_TESTS := giganet mvia
+TEST_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -pthread
+CXX_CHECK_STDS := c++11 c++14 c++17 c++20
+
 # pkg-config against the staged install only.
 STAGE_PC = PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig PKG_CONFIG_LIBDIR=$(STAGE)/lib/pkgconfig
 VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
 VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
 
 .PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-tuning test-c-asan \
-	test-c-valgrind test-hostile test-cluster example test-c-build test-c-asan-build clean
+	test-c-valgrind test-hostile test-cluster example test-c-build test-c-asan-build test-cxx \
+	test-cxx-build clean
 
 all:
 	$(CARGO) build --release
@@ -98,7 +107,7 @@ uninstall:
 		$(DESTDIR)$(PREFIX)/bin/viad \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc
 
-# pkg-config and valgrind, if missing (scripts/setup.sh).
+# pkg-config, valgrind, g++ and nft, if missing (scripts/setup.sh).
 setup:
 	sh scripts/setup.sh
 
@@ -113,6 +122,7 @@ test: setup
 	$(MAKE) --no-print-directory test-rust
 	$(MAKE) --no-print-directory test-fuzz
 	$(MAKE) --no-print-directory test-c
+	$(MAKE) --no-print-directory test-cxx
 	$(MAKE) --no-print-directory test-c-tuning
 	$(MAKE) --no-print-directory test-c-asan
 	$(MAKE) --no-print-directory test-c-valgrind
@@ -167,6 +177,20 @@ test-c-asan-build: stage
 
 test-c: test-c-build
 	STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/c $(TESTS)
+
+test-cxx-build: stage
+	@mkdir -p $(BUILD)/tests/cxx
+	@set -e; for t in $(CXX_TESTS); do \
+		for s in $(CXX_CHECK_STDS); do \
+			echo "CXX -std=$$s -pedantic $$t (compile only)"; \
+			$(CXX) -std=$$s -pedantic -Wall -Wextra -Werror $(VIPL_CFLAGS) -fsyntax-only tests/cxx/$$t.cpp; \
+		done; \
+		echo "CXX $$t"; \
+		$(CXX) $(TEST_CXXFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/cxx/$$t tests/cxx/$$t.cpp $(VIPL_LIBS); \
+	done
+
+test-cxx: test-cxx-build
+	STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/cxx $(CXX_TESTS)
 
 test-c-asan: test-c-asan-build
 	STAGE=$(STAGE) ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
