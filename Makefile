@@ -4,6 +4,7 @@
 #   make install PREFIX=dir   header, libraries, viad and vipl.pc under dir
 #   make uninstall PREFIX=dir
 #   make test-c               stage an install, build tests/c against it, run them
+#   make test-cxx             the C++ programs of tests/cxx, against the same stage
 #   make test-c-asan          the same programs with AddressSanitizer and UBSan
 #   make test-c-tuning        the same programs under each design alternative
 #                             of the provider (docs/tuning.md)
@@ -17,16 +18,17 @@
 #                             emulated by network namespaces (tests/cluster/run.sh;
 #                             needs root and iproute2, else every case is skipped)
 #   make test-reproduce       a reduced run of the papers' experiments (reproduce/run --quick)
-#   make test                 Rust tests and clippy, then test-c, test-c-asan,
+#   make test                 Rust tests and clippy, then test-c, test-cxx, test-c-asan,
 #                             test-c-valgrind, test-cluster, test-bench and test-reproduce
 #
-# test-c, test-c-asan, test-c-valgrind, test-cluster and example install into the staging
-# prefix build/stage unless PREFIX is given.
+# test-c, test-cxx, test-c-asan, test-c-valgrind, test-cluster and example install into the
+# staging prefix build/stage unless PREFIX is given.
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
 CARGO   ?= cargo
 CC      ?= cc
+CXX     ?= g++
 INSTALL ?= install
 PKG_CONFIG ?= pkg-config
 
@@ -45,13 +47,29 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := header api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
+TESTS := header giganet gnu89 api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
 VALGRIND_TESTS := api_errors memory sendrecv badinput
 EXAMPLES := pingpong
 
-TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread
-ASAN_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -pthread \
+# tests/c/header.c checks that vipl.h's version macros say VERSION.
+VERSION_DEF := -DVT_LIBRARY_VERSION='"$(VERSION)"'
+
+TEST_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Werror -pthread $(VERSION_DEF)
+ASAN_CFLAGS := -std=c11 -O1 -g -Wall -Wextra -Werror -pthread $(VERSION_DEF) \
 	-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+# vipl.h under the C standards that VIA programs are written in: the programs of
+# GNU89_TESTS are built with -std=gnu89 (after TEST_CFLAGS's -std=c11, so it
+# wins), and each program:standard of PEDANTIC_CHECKS whose program is in TESTS
+# is also compiled with -pedantic, warnings as errors.
+GNU89_TESTS := gnu89
+PEDANTIC_CHECKS := gnu89:c89 gnu89:gnu89 gnu89:c99 gnu89:c11 gnu89:c17 giganet:c11 giganet:c17
+
+# The C++ programs (tests/cxx): built with TEST_CXXFLAGS and run; also compiled,
+# -pedantic, warnings as errors, under each of CXX_CHECK_STDS.
+CXX_TESTS := giganet mvia
+TEST_CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -Werror -pthread
+CXX_CHECK_STDS := c++11 c++14 c++17 c++20
 
 # pkg-config against the staged install only.
 STAGE_PC = PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig PKG_CONFIG_LIBDIR=$(STAGE)/lib/pkgconfig
@@ -59,7 +77,8 @@ VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
 VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
 
 .PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-tuning test-c-asan \
-	test-c-valgrind test-hostile test-cluster example test-c-build test-c-asan-build clean
+	test-c-valgrind test-hostile test-cluster example test-c-build test-c-asan-build test-cxx \
+	test-cxx-build clean
 
 all:
 	$(CARGO) build --release
@@ -88,7 +107,7 @@ uninstall:
 		$(DESTDIR)$(PREFIX)/bin/viad \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc
 
-# pkg-config, valgrind, nftables and python3-matplotlib, if missing (scripts/setup.sh).
+# pkg-config, valgrind, g++, nftables and python3-matplotlib, if missing (scripts/setup.sh).
 setup:
 	sh scripts/setup.sh
 
@@ -103,6 +122,7 @@ test: setup
 	$(MAKE) --no-print-directory test-rust
 	$(MAKE) --no-print-directory test-fuzz
 	$(MAKE) --no-print-directory test-c
+	$(MAKE) --no-print-directory test-cxx
 	$(MAKE) --no-print-directory test-c-tuning
 	$(MAKE) --no-print-directory test-c-asan
 	$(MAKE) --no-print-directory test-c-valgrind
@@ -129,22 +149,48 @@ test-fuzz:
 # ------------------------------------------------------------------
 # C conformance programs
 
+# Sets std to the -std= option of program $t, if it is not built as c11.
+STD_OF = std=; case " $(GNU89_TESTS) " in *" $$t "*) std=-std=gnu89;; esac
+
 test-c-build: stage
 	@mkdir -p $(BUILD)/tests/c
+	@set -e; for c in $(PEDANTIC_CHECKS); do \
+		t=$${c%%:*}; s=$${c#*:}; \
+		case " $(TESTS) " in *" $$t "*) ;; *) continue;; esac; \
+		echo "CC -std=$$s -pedantic $$t (compile only)"; \
+		$(CC) -std=$$s -pedantic -Wall -Wextra -Werror $(VERSION_DEF) $(VIPL_CFLAGS) \
+			-fsyntax-only tests/c/$$t.c; \
+	done
 	@set -e; for t in $(TESTS); do \
-		echo "CC $$t"; \
-		$(CC) $(TEST_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/c/$$t tests/c/$$t.c $(VIPL_LIBS); \
+		$(STD_OF); \
+		echo "CC $$t$${std:+ $$std}"; \
+		$(CC) $(TEST_CFLAGS) $$std $(VIPL_CFLAGS) -o $(BUILD)/tests/c/$$t tests/c/$$t.c $(VIPL_LIBS); \
 	done
 
 test-c-asan-build: stage
 	@mkdir -p $(BUILD)/tests/c-asan
 	@set -e; for t in $(TESTS); do \
-		echo "CC (asan) $$t"; \
-		$(CC) $(ASAN_CFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/c-asan/$$t tests/c/$$t.c $(VIPL_LIBS); \
+		$(STD_OF); \
+		echo "CC (asan) $$t$${std:+ $$std}"; \
+		$(CC) $(ASAN_CFLAGS) $$std $(VIPL_CFLAGS) -o $(BUILD)/tests/c-asan/$$t tests/c/$$t.c $(VIPL_LIBS); \
 	done
 
 test-c: test-c-build
 	STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/c $(TESTS)
+
+test-cxx-build: stage
+	@mkdir -p $(BUILD)/tests/cxx
+	@set -e; for t in $(CXX_TESTS); do \
+		for s in $(CXX_CHECK_STDS); do \
+			echo "CXX -std=$$s -pedantic $$t (compile only)"; \
+			$(CXX) -std=$$s -pedantic -Wall -Wextra -Werror $(VIPL_CFLAGS) -fsyntax-only tests/cxx/$$t.cpp; \
+		done; \
+		echo "CXX $$t"; \
+		$(CXX) $(TEST_CXXFLAGS) $(VIPL_CFLAGS) -o $(BUILD)/tests/cxx/$$t tests/cxx/$$t.cpp $(VIPL_LIBS); \
+	done
+
+test-cxx: test-cxx-build
+	STAGE=$(STAGE) sh tests/c/run.sh $(BUILD)/tests/cxx $(CXX_TESTS)
 
 test-c-asan: test-c-asan-build
 	STAGE=$(STAGE) ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \

@@ -5,11 +5,25 @@
  * field and constant names of the specification and the Linux (M-VIA)
  * layout, so that VIA programs written against the specification compile
  * unmodified.  Link with libvipl (pkg-config --cflags --libs vipl).
+ *
+ * Programs of both spellings of the header compile against it, with no
+ * macro to define: M-VIA's (desc->CS.SegCount, desc->DS[0].Local.Length)
+ * and the one of Giganet's cLAN and of the VI Developer's Guide
+ * (desc->Control.SegCount, desc->Data[0].Length).  The two name the same
+ * bytes: the descriptor holds each part once, under both names.  C89
+ * (gnu89), C99, C11 and C++ programs compile against it without warnings.
  */
 #ifndef OPENVIA_VIPL_H
 #define OPENVIA_VIPL_H
 
 #include <stdint.h>
+
+/* The version of openvia whose libvipl this header declares (the version of
+ * its Cargo.toml; the tests check that the two agree). */
+#define VIPL_VERSION_MAJOR 0
+#define VIPL_VERSION_MINOR 1
+#define VIPL_VERSION_PATCH 0
+#define VIPL_VERSION       "0.1.0"
 
 #ifdef __cplusplus
 extern "C" {
@@ -21,6 +35,19 @@ extern "C" {
 #ifndef OUT
 #define OUT
 #endif
+/* The calling convention of the functions in Giganet's header: none here. */
+#ifndef VI_CALL
+#define VI_CALL
+#endif
+
+/* Unnamed unions are C11 and C++; GCC and Clang take them in every C mode,
+ * and __extension__ on the declaration that has them keeps -pedantic quiet
+ * before C11. */
+#if defined(__GNUC__)
+#define OPENVIA_UNNAMED_ __extension__
+#else
+#define OPENVIA_UNNAMED_
+#endif
 
 /* ------------------------------------------------------------------ */
 /* Generic types                                                        */
@@ -31,6 +58,7 @@ typedef int VIP_BOOLEAN;
 typedef char VIP_CHAR;
 typedef unsigned char VIP_UCHAR;
 typedef unsigned short VIP_USHORT;
+typedef short VIP_SHORT;
 typedef unsigned long VIP_ULONG;
 typedef long VIP_LONG;
 typedef uint64_t VIP_UINT64;
@@ -39,6 +67,7 @@ typedef uint16_t VIP_UINT16;
 typedef uint8_t VIP_UINT8;
 
 typedef VIP_PVOID VIP_QOS;
+typedef VIP_PVOID VIP_EVENT_HANDLE;
 
 #define VIP_TRUE  (1)
 #define VIP_FALSE (0)
@@ -69,7 +98,7 @@ typedef VIP_UINT32 VIP_MEM_HANDLE;
  * stored from HostAddress[0] on.  Callers allocate
  * sizeof(VIP_NET_ADDRESS) + HostAddressLen + DiscriminatorLen bytes.
  */
-typedef struct {
+typedef struct _VIP_NET_ADDRESS {
     VIP_UINT16 HostAddressLen;
     VIP_UINT16 DiscriminatorLen;
     VIP_UINT8 HostAddress[1];
@@ -84,12 +113,15 @@ typedef VIP_USHORT VIP_RELIABILITY_LEVEL;
 #define VIP_SERVICE_UNRELIABLE         0x01
 #define VIP_SERVICE_RELIABLE_DELIVERY  0x02
 #define VIP_SERVICE_RELIABLE_RECEPTION 0x04
+/* Every level of the specification (Giganet's name). */
+#define VIP_BASE_SERVICES \
+    (VIP_SERVICE_UNRELIABLE | VIP_SERVICE_RELIABLE_DELIVERY | VIP_SERVICE_RELIABLE_RECEPTION)
 
 /* ------------------------------------------------------------------ */
 /* NIC attributes                                                       */
 /* ------------------------------------------------------------------ */
 
-typedef struct {
+typedef struct _VIP_NIC_ATTRIBUTES {
     VIP_CHAR Name[64];
     VIP_ULONG HardwareVersion;
     VIP_ULONG ProviderVersion;
@@ -119,10 +151,13 @@ typedef struct {
 /* Descriptors must start on this boundary. */
 #define VIP_DESCRIPTOR_ALIGNMENT 64
 
+struct _VIP_DESCRIPTOR;
+
 /* A 64-bit address, whatever the width of a host pointer. */
 typedef union {
     VIP_UINT64 AddressBits;
     VIP_PVOID Address;
+    struct _VIP_DESCRIPTOR *Descriptor; /* e.g. the Next of a chain */
 } VIP_PVOID64;
 
 typedef struct {
@@ -157,12 +192,31 @@ typedef union {
 
 /*
  * A descriptor: the control segment, then SegCount segments.  For RDMA the
- * first segment is the address segment (Remote) and the data segments
- * follow.  Descriptors with more than two segments are allocated larger.
+ * first segment is the address segment and the data segments follow.
+ * Descriptors with more than two segments are allocated larger.
+ *
+ * Each part has two names, one from each spelling of the header:
+ *   M-VIA:   CS, and DS[i].Local (a data segment) or DS[i].Remote (the
+ *            address segment);
+ *   Giganet: Control, and Data[i] (a data segment; the address segment is
+ *            Data[0] as a VIP_ADDRESS_SEGMENT).
+ * Both names of a part are the same bytes: desc->CS.Length is
+ * desc->Control.Length, desc->DS[1].Local.Handle is desc->Data[1].Handle.
+ * Giganet's header declares Data[1] (a descriptor of 48 bytes) and makes
+ * its segment types volatile.  Here a descriptor is 64 bytes under both
+ * names, and no type is volatile (that would break M-VIA programs in C++):
+ * a program that polls Status itself, rather than through VipSendDone or
+ * VipRecvDone, reads it through a volatile pointer.
  */
-typedef struct _VIP_DESCRIPTOR {
-    VIP_CONTROL_SEGMENT CS;
-    VIP_DESCRIPTOR_SEGMENT DS[2];
+OPENVIA_UNNAMED_ typedef struct _VIP_DESCRIPTOR {
+    union {
+        VIP_CONTROL_SEGMENT CS;
+        VIP_CONTROL_SEGMENT Control;
+    };
+    union {
+        VIP_DESCRIPTOR_SEGMENT DS[2];
+        VIP_DATA_SEGMENT Data[2];
+    };
 } VIP_DESCRIPTOR;
 
 /* Control field */
@@ -214,7 +268,7 @@ typedef enum {
 #define VIP_STATE_CONNECT_PENDING VIP_STATE_CONNECT_PENDING
 #define VIP_STATE_ERROR VIP_STATE_ERROR
 
-typedef struct {
+typedef struct _VIP_VI_ATTRIBUTES {
     VIP_RELIABILITY_LEVEL ReliabilityLevel;
     VIP_ULONG MaxTransferSize;
     VIP_QOS QoS;
@@ -300,7 +354,11 @@ typedef enum {
     VIP_ERROR_NAMESERVICE,
     VIP_NO_MATCH,
     VIP_NOT_REACHABLE,
-    VIP_ERROR_NOT_SUPPORTED
+    VIP_ERROR_NOT_SUPPORTED,
+    /* Giganet's header also calls VIP_DESCRIPTOR_ERROR VIP_ERROR: a second
+     * name, not a value of its own, so a switch on VIP_RETURN has no new
+     * case to handle. */
+    VIP_ERROR = VIP_DESCRIPTOR_ERROR
 } VIP_RETURN;
 #define VIP_SUCCESS VIP_SUCCESS
 #define VIP_NOT_DONE VIP_NOT_DONE
@@ -319,6 +377,7 @@ typedef enum {
 #define VIP_NO_MATCH VIP_NO_MATCH
 #define VIP_NOT_REACHABLE VIP_NOT_REACHABLE
 #define VIP_ERROR_NOT_SUPPORTED VIP_ERROR_NOT_SUPPORTED
+#define VIP_ERROR VIP_ERROR
 
 /* ------------------------------------------------------------------ */
 /* System management                                                    */
@@ -443,5 +502,7 @@ VIP_RETURN VipNSShutdown(IN VIP_NIC_HANDLE NicHandle);
 #ifdef __cplusplus
 }
 #endif
+
+#undef OPENVIA_UNNAMED_
 
 #endif /* OPENVIA_VIPL_H */

@@ -1,16 +1,17 @@
 #!/bin/sh
 # Installs what building and testing openvia needs beyond the Rust and C
 # toolchains: pkg-config (to build programs against the installed vipl.pc),
-# valgrind (for the memory-checked test run), nft (the cluster's
-# frame-loss case drops frames with it) and matplotlib (reproduce/run's
-# plots), from the distribution with apt-get.  Idempotent, and silent when
-# everything is there.
+# valgrind (for the memory-checked test run), g++ (the C++ programs of
+# tests/cxx), nft (the cluster's frame-loss case drops frames with it) and
+# matplotlib (reproduce/run's plots), from the distribution with apt-get.
+# Idempotent, and silent when everything is there.
 set -eu
 missing=""
 command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
 command -v valgrind >/dev/null 2>&1 || missing="$missing valgrind"
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo (Rust) is required" >&2; exit 1; }
 command -v cc >/dev/null 2>&1 || missing="$missing gcc"
+command -v "${CXX:-g++}" >/dev/null 2>&1 || missing="$missing g++"
 command -v nft >/dev/null 2>&1 || missing="$missing nftables"
 # reproduce/run uses python3 from PATH, or the distribution's
 # /usr/bin/python3, whichever imports matplotlib.

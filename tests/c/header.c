@@ -5,8 +5,23 @@
  * that guards its own fallback definition (ARMCI's VIA port does so for
  * VIP_ERROR_NOT_SUPPORTED) keeps the header's; and each keeps the
  * specification's value.  A missing macro fails the build of this file.
+ *
+ * The header's version macros are the library's version: VT_LIBRARY_VERSION
+ * is the version of Cargo.toml, which the Makefile passes.
  */
 #include "vt.h"
+
+#ifndef VT_LIBRARY_VERSION
+#error "build with -DVT_LIBRARY_VERSION='\"x.y.z\"' (the Makefile passes the version of Cargo.toml)"
+#endif
+#if !defined(VIPL_VERSION) || !defined(VIPL_VERSION_MAJOR) || !defined(VIPL_VERSION_MINOR) || \
+    !defined(VIPL_VERSION_PATCH)
+#error "vipl.h has no version macros"
+#endif
+/* The parts are numbers that #if can compare. */
+#if VIPL_VERSION_MAJOR < 0 || VIPL_VERSION_MINOR < 0 || VIPL_VERSION_PATCH < 0
+#error "a version part of vipl.h is negative"
+#endif
 
 #if !defined(VIP_STATE_IDLE) || !defined(VIP_STATE_CONNECTED) || !defined(VIP_STATE_CONNECT_PENDING) || \
     !defined(VIP_STATE_ERROR)
@@ -27,7 +42,7 @@
     !defined(VIP_INVALID_RELIABILITY_LEVEL) || !defined(VIP_INVALID_MTU) || !defined(VIP_INVALID_QOS) ||     \
     !defined(VIP_INVALID_PTAG) || !defined(VIP_INVALID_RDMAREAD) || !defined(VIP_DESCRIPTOR_ERROR) ||       \
     !defined(VIP_INVALID_STATE) || !defined(VIP_ERROR_NAMESERVICE) || !defined(VIP_NO_MATCH) ||             \
-    !defined(VIP_NOT_REACHABLE) || !defined(VIP_ERROR_NOT_SUPPORTED)
+    !defined(VIP_NOT_REACHABLE) || !defined(VIP_ERROR_NOT_SUPPORTED) || !defined(VIP_ERROR)
 #error "a VIP_RETURN enumerator is not visible to #ifdef"
 #endif
 
@@ -61,6 +76,22 @@ int main(void)
     CHECK_EQ(2, st);
     CHECK_EQ(7, ec);
     CHECK_EQ(2, rc);
-    printf("header: every enumerator visible to #ifdef, with the specification's values\n");
+    /* Giganet's VIP_ERROR is a second name of VIP_DESCRIPTOR_ERROR. */
+    CHECK_EQ(11, VIP_ERROR);
+    r = VIP_ERROR;
+    CHECK_EQ(VIP_DESCRIPTOR_ERROR, r);
+
+    /* The version. */
+    char parts[64];
+    snprintf(parts, sizeof parts, "%d.%d.%d", VIPL_VERSION_MAJOR, VIPL_VERSION_MINOR,
+             VIPL_VERSION_PATCH);
+    if (strcmp(VIPL_VERSION, VT_LIBRARY_VERSION) != 0)
+        VT_FAIL("VIPL_VERSION is \"%s\", the library's version \"%s\"", VIPL_VERSION,
+                VT_LIBRARY_VERSION);
+    if (strcmp(parts, VT_LIBRARY_VERSION) != 0)
+        VT_FAIL("VIPL_VERSION_MAJOR.MINOR.PATCH is %s, the library's version \"%s\"", parts,
+                VT_LIBRARY_VERSION);
+    printf("header: every enumerator visible to #ifdef, with the specification's values; "
+           "version %s\n", VIPL_VERSION);
     return 0;
 }

@@ -91,3 +91,29 @@ fn init_logging() {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    /// The header that is installed with this library.
+    const HEADER: &str = include_str!("../../../include/vipl.h");
+
+    /// The body of `#define name body` in the header.
+    fn define(name: &str) -> &'static str {
+        HEADER
+            .lines()
+            .find_map(|line| {
+                let rest = line.trim_start().strip_prefix("#define")?.trim_start();
+                let body = rest.strip_prefix(name)?;
+                body.starts_with(char::is_whitespace).then(|| body.trim())
+            })
+            .unwrap_or_else(|| panic!("vipl.h does not define {name}"))
+    }
+
+    #[test]
+    fn header_version_is_the_library_version() {
+        assert_eq!(define("VIPL_VERSION"), format!("\"{}\"", env!("CARGO_PKG_VERSION")));
+        assert_eq!(define("VIPL_VERSION_MAJOR"), env!("CARGO_PKG_VERSION_MAJOR"));
+        assert_eq!(define("VIPL_VERSION_MINOR"), env!("CARGO_PKG_VERSION_MINOR"));
+        assert_eq!(define("VIPL_VERSION_PATCH"), env!("CARGO_PKG_VERSION_PATCH"));
+    }
+}
