@@ -12,7 +12,18 @@
 #   deregistered     tests/cluster/gone.c: memory deregistered and unmapped
 #                    under posted sends, receives and RDMA reads is neither
 #                    read nor written; the descriptors complete as they must
-#   alltoall         4 hosts on a bridge, a reliable VI between every pair
+#   alltoall         8 hosts on a bridge started in a shuffled order over
+#                    3 s, a reliable VI between every pair
+#   start-order      a launcher's two sides in every start order: servers
+#                    0, 1, 3 and 7 s late, on hosts with and without an
+#                    agent and on the client's own host; clients retrying
+#                    on VIP_NO_MATCH with 1 s and 5 s timeouts; both
+#                    connection models
+#   requester-killed a request whose process is SIGKILLed while its
+#                    request is held is never handed to a listener
+#   two-agents       a second agent in one namespace cannot bind the CM
+#                    port: its clients' requests for other hosts fail at
+#                    once with the reason in their log and in viad --stats
 #   cm-stats         `viad --stats` shows the connection managers at work
 #   peer-killed      a transfer whose peer process is SIGKILLed
 #   link-down        a transfer whose peer host loses its link
@@ -63,7 +74,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 deregistered alltoall cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 deregistered alltoall start-order requester-killed two-agents cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -204,13 +215,14 @@ case_deregistered() {
     pair gone "$logs/$tc" 120 "$out/gone" server h2 -- "$out/gone" client h1
 }
 
+# The hosts start in a shuffled order, 0 to 3 s apart from the first.
 case_alltoall() {
-    n=4
+    n=8
     up "$n" --bridge || return 1
     pids=
     i=1
-    while [ "$i" -le "$n" ]; do
-        spawn "$i" "$logs/$tc.h$i" 90 "$out/alltoall" "$i" "$n" 400
+    for delay in 2.1 0 3 0.4 1.2 2.6 0.8 1.7; do
+        spawn "$i" "$logs/$tc.h$i" 120 sh -c "sleep $delay; exec \"\$0\" \"\$@\"" "$out/alltoall" "$i" "$n" 200
         pids="$pids $!"
         i=$((i + 1))
     done
@@ -224,6 +236,120 @@ case_alltoall() {
         i=$((i + 1))
     done
     return "$ok"
+}
+
+# start-order: h9 runs every client (the largest address: it forwards
+# requests of both models); h1-h4 run servers 0, 1, 3 and 7 s late with no
+# agent until then, h5-h8 the same where an agent runs from the start; the
+# one-host pairs run on h9 too.  Each host pair: both models, each with
+# 1 s and 5 s timeouts.
+case_start_order() {
+    up 9 --bridge || return 1
+    for h in 5 6 7 8; do
+        spawn "$h" "$logs/$tc.agent$h" 100 "$VIA_VIAD" --idle-timeout 0
+    done
+    sleep 0.5
+    pids= names=
+    run_pair() { # HOST TAG MODEL DELAY TIMEOUT: a server on HOST, its client on h9
+        spawn "$1" "$logs/$tc.$2.s" 90 "$out/startorder" server "$3" h9 "$2" "$4" "$5"
+        pids="$pids $!" names="$names $2.s"
+        peer=h$1
+        spawn 9 "$logs/$tc.$2.c" 90 "$out/startorder" client "$3" "$peer" "$2" 0 "$5"
+        pids="$pids $!" names="$names $2.c"
+    }
+    i=0
+    for delay in 0 1000 3000 7000; do
+        i=$((i + 1))
+        for model in cs peer; do
+            for t in 1000 5000; do
+                run_pair "$i" "x$i.$model.$t" "$model" "$delay" "$t"
+                run_pair "$((i + 4))" "a$((i + 4)).$model.$t" "$model" "$delay" "$t"
+                run_pair 9 "l$delay.$model.$t" "$model" "$delay" "$t"
+            done
+        done
+    done
+    ok=0
+    set -- $names
+    for p in $pids; do
+        wait "$p"
+        rc=$?
+        show "$logs/$tc.$1"
+        expect "startorder $1" 0 "$rc" || ok=1
+        shift
+    done
+    # A client that asked a host with no agent yet, 3 or 7 s before its
+    # server came, with a 1 s timeout, was told VIP_NO_MATCH and tried again.
+    for tag in x3.cs.1000 x4.cs.1000; do
+        tries=$(sed -n 's/^PASS .* tries=\([0-9]*\).*/\1/p' "$logs/$tc.$tag.c")
+        echo "$tag client: tries=${tries:-?}"
+        [ "${tries:-0}" -ge 2 ] || { echo "$tag: the client should have retried on VIP_NO_MATCH"; ok=1; }
+    done
+    pu=$(counter 9 cm_port_unreachable) un=$(counter 9 cm_unreachable)
+    echo "h9 cm_port_unreachable ${pu:-?} cm_unreachable ${un:-?}"
+    [ "${pu:-0}" -gt 0 ] || { echo "h9 heard no port unreachable from the hosts without an agent"; ok=1; }
+    [ "${un:-1}" -eq 0 ] || { echo "h9 called a live host unreachable"; ok=1; }
+    return "$ok"
+}
+
+# requester-killed: h2 asks h1 (an agent runs, nobody listens) with a long
+# timeout and is SIGKILLed while its request is held; h1's listener must
+# not get it (VIP_TIMEOUT), then connects to a new client.
+case_requester_killed() {
+    up 2 || return 1
+    spawn 1 "$logs/$tc.agent1" 60 "$VIA_VIAD" --idle-timeout 0
+    spawn 2 "$logs/$tc.doomed" 60 "$out/startorder" client cs h1 doomed 0 30000
+    doomed=$!
+    n=0
+    until [ "$(counter 1 remote_held)" = 1 ]; do
+        n=$((n + 1))
+        [ "$n" -gt 100 ] && { echo "h1 never held the request"; return 1; }
+        sleep 0.1
+    done
+    pkill -KILL -f "startorder client cs h1 doomed"
+    wait "$doomed"
+    n=0
+    until [ "$(counter 1 cm_withdrawn_received)" = 1 ]; do
+        n=$((n + 1))
+        [ "$n" -gt 50 ] && { echo "h1 never heard the withdrawal"; return 1; }
+        sleep 0.1
+    done
+    echo "h1 remote_held $(counter 1 remote_held) after the withdrawal"
+    [ "$(counter 1 remote_held)" = 0 ] || return 1
+    # A server whose first wait times out (nobody asks), then connects to
+    # the new client: it never sees the dead one's request.
+    pair startorder "$logs/$tc" 60 "$out/startorder" server cs h2 doomed 0 1000 \
+        -- "$out/startorder" client cs h1 doomed 2500 5000 || return 1
+    tries=$(sed -n 's/^PASS .* tries=\([0-9]*\).*/\1/p' "$logs/$tc.h1")
+    echo "server tries=${tries:-?}"
+    [ "${tries:-0}" -ge 2 ] || { echo "the server's first wait should have timed out"; return 1; }
+    [ "$(counter 1 remote_listeners_matched)" = 1 ] || { echo "h1 delivered more than one request"; return 1; }
+}
+
+# two-agents: h2 has its agent (the CM port's owner) and a second one on
+# another socket; a program of the second gets VIP_NOT_REACHABLE at once
+# for h1, with the reason in its own log, and the second agent's stats say
+# why; the first agent's programs connect.
+case_two_agents() {
+    up 2 || return 1
+    spawn 2 "$logs/$tc.agent2" 60 "$VIA_VIAD" --idle-timeout 0
+    sleep 0.5
+    spawn 2 "$logs/$tc.second" 60 env VIA_AGENT_SOCKET=openvia-second "$VIA_VIAD" --idle-timeout 0 --socket openvia-second
+    sleep 0.5
+    start=$(now_ms)
+    on 2 30 env VIA_AGENT_SOCKET=openvia-second "$out/startorder" client cs h1 second 0 5000 >"$logs/$tc.client" 2>&1
+    rc=$?
+    took=$(($(now_ms) - start))
+    show "$logs/$tc.client"
+    [ "$rc" -ne 0 ] || { echo "a client of the second agent connected to h1"; return 1; }
+    grep -q "VIP_NOT_REACHABLE" "$logs/$tc.client" || { echo "expected VIP_NOT_REACHABLE"; return 1; }
+    grep -q "cannot bind CM port" "$logs/$tc.client" || { echo "the reason is not in the program's log"; return 1; }
+    echo "failed after $took ms"
+    [ "$took" -lt 4000 ] || { echo "it should fail at once"; return 1; }
+    errno=$(on 2 10 env VIA_AGENT_SOCKET=openvia-second "$VIA_VIAD" --stats --socket openvia-second | awk '$1 == "cm_bind_errno" { print $2 }')
+    echo "second agent cm_bind_errno ${errno:-?}"
+    [ "${errno:-0}" -ne 0 ] || return 1
+    pair startorder "$logs/$tc" 60 "$out/startorder" server cs h2 first 0 5000 \
+        -- "$out/startorder" client cs h1 first 0 5000
 }
 
 case_cm_stats() {
@@ -508,6 +634,9 @@ run_one() {
     ops-9000) case_ops 9000 ;;
     deregistered) case_deregistered ;;
     alltoall) case_alltoall ;;
+    start-order) case_start_order ;;
+    requester-killed) case_requester_killed ;;
+    two-agents) case_two_agents ;;
     cm-stats) case_cm_stats ;;
     peer-killed) case_fault kill ;;
     link-down) case_fault link ;;
@@ -535,7 +664,7 @@ build() {
     vcflags=$(env $pc_env pkg-config --cflags vipl) || return 1
     # shellcheck disable=SC2086
     vlibs=$(env $pc_env pkg-config --libs vipl) || return 1
-    for p in ops gone alltoall stream names acceptance pingpong; do
+    for p in ops gone alltoall startorder stream names acceptance pingpong; do
         src=$here/$p.c
         [ "$p" = acceptance ] && src=$top/tests/c/acceptance.c
         [ "$p" = pingpong ] && src=$top/examples/pingpong.c

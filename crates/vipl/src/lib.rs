@@ -83,12 +83,14 @@ pub(crate) fn p(handle: u64) -> VIP_PVOID {
 fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if let Ok(level) = std::env::var("VIA_LOG") {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(level))
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
+        // Warnings by default: why a request cannot leave this host, or a
+        // device name is unknown, belongs in the program's own output.
+        let level = std::env::var("VIA_LOG").unwrap_or_else(|_| "warn".to_string());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init();
     });
 }
 
