@@ -18,6 +18,7 @@ pub mod client;
 pub mod cm;
 pub mod device;
 mod launch;
+pub mod netif;
 pub mod proto;
 pub mod sock;
 mod udp;
