@@ -788,7 +788,7 @@ impl Agent {
     }
 
     fn hello(&mut self, token: u64, name: &str, stats: Option<OwnedFd>) {
-        match device::resolve(name) {
+        match crate::aliases::resolve(name) {
             Ok(d) => {
                 let reply = Reply::Device {
                     name: d.name,

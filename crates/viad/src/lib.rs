@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod aliases;
 pub mod client;
 pub mod cm;
 pub mod device;

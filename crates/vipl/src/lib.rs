@@ -80,14 +80,16 @@ pub(crate) fn p(handle: u64) -> VIP_PVOID {
     handle as VIP_PVOID
 }
 
+/// Logging to stderr: `VIA_LOG` is the filter (e.g. `debug`, `off`);
+/// unset, errors only, such as why `VipOpenNic` refused a name.
 fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if let Ok(level) = std::env::var("VIA_LOG") {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(level))
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
+        let filter = std::env::var("VIA_LOG").unwrap_or_else(|_| "error".into());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init();
     });
 }
