@@ -200,6 +200,21 @@ fn interface_of(ip: Ipv4Addr) -> std::io::Result<(i32, [u8; MAC_LEN], usize)> {
     Ok((index, mac, mtu))
 }
 
+/// Whether a port on the device with IPv4 address `ip` can send Ethernet
+/// frames: an Ethernet interface holds the address and this process may
+/// open a packet socket (`CAP_NET_RAW`).  The error says why not.
+pub fn frames_possible(ip: Ipv4Addr) -> Result<(), String> {
+    interface_of(ip).map_err(|e| format!("{e}"))?;
+    // SAFETY: plain socket call; protocol 0 takes nothing.
+    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(format!("no packet socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    Ok(())
+}
+
 /// A classic BPF program: frames of openvia's EtherType whose port is
 /// `port` are taken whole, every other frame is left.
 fn attach_filter(fd: RawFd, port: u16) -> std::io::Result<()> {
