@@ -45,7 +45,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := header api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
+TESTS := header api_errors memory sendrecv aliases rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
 VALGRIND_TESTS := api_errors memory sendrecv badinput
 EXAMPLES := pingpong
 
