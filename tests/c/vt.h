@@ -786,7 +786,6 @@ typedef struct {
     size_t buf_size;         /* registered data buffer; 0: 1 MiB */
     size_t ndesc;            /* descriptors in the pool; 0: 64 */
     unsigned maxseg;         /* segments per descriptor; 0: 2 */
-    const char *dev;         /* the device to open; NULL: VT_DEV */
 } vt_conf;
 
 typedef struct {
@@ -808,7 +807,7 @@ static inline void vt_end_open(vt_end *e, const vt_conf *c, int fd, int server)
     e->conf = c;
     e->fd = fd;
     e->server = server;
-    e->nic = vt_open_nic(c->dev ? c->dev : VT_DEV);
+    e->nic = vt_open_nic(VT_DEV);
     vt_errlog_init(&e->errs);
     CHECK_OK(VipErrorCallback(e->nic, &e->errs, vt_errlog_handler));
     CHECK_OK(VipCreatePtag(e->nic, &e->ptag));
