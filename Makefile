@@ -1,8 +1,12 @@
 # openvia: build, install and the C conformance programs.
 #
-#   make                      cargo build --release (libvipl.so, libvipl.a, viad)
-#   make install PREFIX=dir   header, libraries, viad and vipl.pc under dir
+#   make                      cargo build --release (libvipl.a, viad, viabench, viainfo),
+#                             then link build/lib/libvipl.so.1.VERSION from libvipl.a
+#   make install PREFIX=dir   header, libraries, viad, viabench, viainfo, vipl.pc
+#                             and the manual pages under dir
 #   make uninstall PREFIX=dir
+#   make test-install         install into a temporary prefix and check what is there
+#                             (the SONAME, the exported symbols, tools, manual pages)
 #   make test-c               stage an install, build tests/c against it, run them
 #   make test-cxx             the C++ programs of tests/cxx, against the same stage
 #   make test-c-asan          the same programs with AddressSanitizer and UBSan
@@ -18,11 +22,13 @@
 #                             emulated by network namespaces (tests/cluster/run.sh;
 #                             needs root and iproute2, else every case is skipped)
 #   make test-reproduce       a reduced run of the papers' experiments (reproduce/run --quick)
-#   make test                 Rust tests and clippy, then test-c, test-cxx, test-c-asan,
-#                             test-c-valgrind, test-cluster, test-bench and test-reproduce
+#   make test                 Rust tests and clippy, then test-install, test-c, test-cxx,
+#                             test-c-asan, test-c-valgrind, test-cluster, test-bench and
+#                             test-reproduce
 #
 # test-c, test-cxx, test-c-asan, test-c-valgrind, test-cluster and example install into the
-# staging prefix build/stage unless PREFIX is given.
+# staging prefix build/stage unless PREFIX is given, and build their programs with an rpath
+# to its lib (TEST_RPATH): the installed vipl.pc forces none.
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -36,6 +42,21 @@ VERSION := $(shell sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n 1)
 
 RELEASE := target/release
 AGENT   := $(RELEASE)/viad
+TOOLS   := viabench viainfo
+
+# The shared library: ABI 1 of the VIPL API (SONAME libvipl.so.1), linked
+# from libvipl.a with the version script of crates/vipl (only Vip* exported,
+# in the version node VIPL_1.0).
+SOVERSION := 1
+SONAME    := libvipl.so.$(SOVERSION)
+SHLIB     := libvipl.so.$(SOVERSION).$(VERSION)
+# What libvipl.a needs from the system (rustc --print native-static-libs).
+NATIVE_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+
+MANDIR  = $(PREFIX)/share/man
+MAN1    := man/viabench.1 man/viainfo.1
+MAN7    := man/vipl.7
+MAN8    := man/viad.8
 
 # The staging prefix of the test targets.
 ifneq ($(filter command line environment,$(origin PREFIX)),)
@@ -47,7 +68,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := header giganet gnu89 api_errors memory sendrecv rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
+TESTS := header giganet gnu89 api_errors memory sendrecv aliases rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
 VALGRIND_TESTS := api_errors memory sendrecv badinput
 EXAMPLES := pingpong
 
@@ -74,14 +95,24 @@ CXX_CHECK_STDS := c++11 c++14 c++17 c++20
 # pkg-config against the staged install only.
 STAGE_PC = PKG_CONFIG_PATH=$(STAGE)/lib/pkgconfig PKG_CONFIG_LIBDIR=$(STAGE)/lib/pkgconfig
 VIPL_CFLAGS = $$($(STAGE_PC) $(PKG_CONFIG) --cflags vipl)
-VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl)
+# The test programs find the staged library through an rpath of their own.
+TEST_RPATH = -Wl,-rpath,$(STAGE)/lib
+VIPL_LIBS = $$($(STAGE_PC) $(PKG_CONFIG) --libs vipl) $(TEST_RPATH)
 
 .PHONY: all install uninstall stage test test-rust test-fuzz setup test-c test-c-tuning test-c-asan \
 	test-c-valgrind test-hostile test-cluster example test-c-build test-c-asan-build test-cxx \
-	test-cxx-build clean
+	test-cxx-build clean test-install
 
 all:
 	$(CARGO) build --release
+	@$(MAKE) --no-print-directory $(BUILD)/lib/$(SHLIB)
+
+$(BUILD)/lib/$(SHLIB): $(RELEASE)/libvipl.a crates/vipl/vipl.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@.tmp -Wl,-soname,$(SONAME) -Wl,--version-script=crates/vipl/vipl.map \
+		-Wl,--gc-sections -Wl,-z,relro,-z,now -Wl,-z,noexecstack -Wl,--no-undefined \
+		-Wl,--whole-archive $(RELEASE)/libvipl.a -Wl,--no-whole-archive $(NATIVE_LIBS)
+	mv $@.tmp $@
 
 $(BUILD)/vipl.pc: vipl.pc.in Cargo.toml
 	@mkdir -p $(BUILD)
@@ -93,19 +124,38 @@ $(BUILD)/vipl.pc: vipl.pc.in Cargo.toml
 
 install: all $(BUILD)/vipl.pc
 	$(INSTALL) -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib \
-		$(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+		$(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin \
+		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(MANDIR)/man8
 	$(INSTALL) -m 644 include/vipl.h $(DESTDIR)$(PREFIX)/include/vipl.h
-	$(INSTALL) -m 755 $(RELEASE)/libvipl.so $(DESTDIR)$(PREFIX)/lib/libvipl.so
+	$(INSTALL) -m 755 $(BUILD)/lib/$(SHLIB) $(DESTDIR)$(PREFIX)/lib/$(SHLIB)
+	ln -sf $(SHLIB) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libvipl.so
 	$(INSTALL) -m 644 $(RELEASE)/libvipl.a $(DESTDIR)$(PREFIX)/lib/libvipl.a
 	$(INSTALL) -m 755 $(AGENT) $(DESTDIR)$(PREFIX)/bin/viad
+	$(INSTALL) -m 755 $(addprefix $(RELEASE)/,$(TOOLS)) $(DESTDIR)$(PREFIX)/bin/
 	$(INSTALL) -m 644 $(BUILD)/vipl.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc
+	$(INSTALL) -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
+	$(INSTALL) -m 644 $(MAN7) $(DESTDIR)$(MANDIR)/man7/
+	$(INSTALL) -m 644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/vipl.h \
 		$(DESTDIR)$(PREFIX)/lib/libvipl.so \
+		$(DESTDIR)$(PREFIX)/lib/$(SONAME) \
+		$(DESTDIR)$(PREFIX)/lib/$(SHLIB) \
 		$(DESTDIR)$(PREFIX)/lib/libvipl.a \
 		$(DESTDIR)$(PREFIX)/bin/viad \
-		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc
+		$(addprefix $(DESTDIR)$(PREFIX)/bin/,$(TOOLS)) \
+		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc \
+		$(addprefix $(DESTDIR)$(MANDIR)/man1/,$(notdir $(MAN1))) \
+		$(addprefix $(DESTDIR)$(MANDIR)/man7/,$(notdir $(MAN7))) \
+		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))
+
+# Install into a temporary prefix and check it (tests/install.sh): the
+# library's SONAME and exports, the tools, the manual pages, vipl.pc, a
+# program built with pkg-config, and uninstall.
+test-install: all
+	MAKE="$(MAKE)" CC="$(CC)" PKG_CONFIG="$(PKG_CONFIG)" sh tests/install.sh
 
 # pkg-config, valgrind, g++, nftables and python3-matplotlib, if missing (scripts/setup.sh).
 setup:
@@ -121,6 +171,7 @@ stage:
 test: setup
 	$(MAKE) --no-print-directory test-rust
 	$(MAKE) --no-print-directory test-fuzz
+	$(MAKE) --no-print-directory test-install
 	$(MAKE) --no-print-directory test-c
 	$(MAKE) --no-print-directory test-cxx
 	$(MAKE) --no-print-directory test-c-tuning

@@ -664,6 +664,8 @@ build() {
     vcflags=$(env $pc_env pkg-config --cflags vipl) || return 1
     # shellcheck disable=SC2086
     vlibs=$(env $pc_env pkg-config --libs vipl) || return 1
+    # The installed vipl.pc forces no rpath: the programs find the staged library by their own.
+    vlibs="$vlibs -Wl,-rpath,$stage/lib"
     for p in ops gone alltoall startorder stream names acceptance pingpong; do
         src=$here/$p.c
         [ "$p" = acceptance ] && src=$top/tests/c/acceptance.c

@@ -10,7 +10,6 @@
 //! Opening it needs `CAP_NET_RAW`; without it the port is UDP only.
 
 use crate::peer_socket::{set_option, set_option_to};
-use std::fs;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -191,58 +190,29 @@ impl Drop for EtherSocket {
 /// The interface that holds `ip`: its index, Ethernet address and MTU.
 fn interface_of(ip: Ipv4Addr) -> std::io::Result<(i32, [u8; MAC_LEN], usize)> {
     let missing = || std::io::Error::new(std::io::ErrorKind::NotFound, "no Ethernet interface holds the address");
-    let mut name = None;
-    let mut ifaddrs: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills a list that freeifaddrs releases below.
-    if unsafe { libc::getifaddrs(&mut ifaddrs) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut mac = None;
-    let mut p = ifaddrs;
-    let mut entries = Vec::new();
-    while !p.is_null() {
-        // SAFETY: `p` is an entry of the list getifaddrs returned.
-        let e = unsafe { &*p };
-        p = e.ifa_next;
-        if e.ifa_addr.is_null() || e.ifa_flags & libc::IFF_LOOPBACK as u32 != 0 {
-            continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string of the list.
-        let ifname = unsafe { std::ffi::CStr::from_ptr(e.ifa_name) }.to_string_lossy().into_owned();
-        // SAFETY: the family says which sockaddr this is.
-        match unsafe { (*e.ifa_addr).sa_family } as i32 {
-            libc::AF_INET => {
-                // SAFETY: an AF_INET address is a sockaddr_in.
-                let a = unsafe { &*(e.ifa_addr as *const libc::sockaddr_in) };
-                if Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)) == ip {
-                    name = Some(ifname);
-                }
-            }
-            libc::AF_PACKET => {
-                // SAFETY: an AF_PACKET address is a sockaddr_ll.
-                let a = unsafe { &*(e.ifa_addr as *const libc::sockaddr_ll) };
-                if a.sll_halen as usize == MAC_LEN {
-                    let m: [u8; MAC_LEN] = a.sll_addr[..MAC_LEN].try_into().expect("6");
-                    entries.push((ifname, a.sll_ifindex, m));
-                }
-            }
-            _ => {}
-        }
-    }
-    // SAFETY: releases the list; no reference into it is kept.
-    unsafe { libc::freeifaddrs(ifaddrs) };
-    let name = name.ok_or_else(missing)?;
-    for (ifname, index, m) in entries {
-        if ifname == name {
-            mac = Some((index, m));
-        }
-    }
-    let (index, mac) = mac.ok_or_else(missing)?;
-    let mtu = fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(1500);
+    let interface = viad::netif::interfaces()?
+        .into_iter()
+        .find(|i| !i.is_loopback() && i.ipv4().any(|a| a == ip))
+        .ok_or_else(missing)?;
+    let mac = interface.mac.ok_or_else(missing)?;
+    let index = i32::try_from(interface.index).ok().filter(|&i| i > 0).ok_or_else(missing)?;
+    let mtu = viad::netif::mtu(&interface.name).map_or(1500, |m| m as usize);
     Ok((index, mac, mtu))
+}
+
+/// Whether a port on the device with IPv4 address `ip` can send Ethernet
+/// frames: an Ethernet interface holds the address and this process may
+/// open a packet socket (`CAP_NET_RAW`).  The error says why not.
+pub fn frames_possible(ip: Ipv4Addr) -> Result<(), String> {
+    interface_of(ip).map_err(|e| format!("{e}"))?;
+    // SAFETY: plain socket call; protocol 0 takes nothing.
+    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(format!("no packet socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    Ok(())
 }
 
 /// A classic BPF program: frames of openvia's EtherType whose port is

@@ -29,6 +29,7 @@ pub mod progress;
 mod queue_lock;
 mod read_schedule;
 mod ring_read;
+pub mod settings;
 pub mod timeout;
 pub mod tuning;
 pub mod vi;

@@ -116,13 +116,35 @@ impl Nic {
             return Err(ViaError::InvalidParameter);
         }
         crate::timeout::check_cpus();
-        let counters = crate::counters::Counters::new(device.trim_start_matches("/dev/"));
+        // The program's own aliases (VIA_DEVICE_ALIASES) are resolved here,
+        // the agent's aliases file by the agent (viad::aliases).
+        let aliases = viad::aliases::Aliases::from_env().map_err(|why| {
+            tracing::error!("VipOpenNic({device:?}): {why}");
+            ViaError::InvalidParameter
+        })?;
+        let alias = aliases.lookup(device);
+        let asked = alias.map_or(device, |a| a.device.as_str());
+        if asked.len() > viad::aliases::MAX_NAME {
+            tracing::error!("VipOpenNic: a device name of {} bytes: no device has one", asked.len());
+            return Err(ViaError::InvalidParameter);
+        }
+        let counters = crate::counters::Counters::new(asked.trim_start_matches("/dev/"));
         let opened = match counters.page() {
-            Some(page) => viad::client::Session::open_with_stats(device, page.fd()),
-            None => viad::client::Session::open(device),
+            Some(page) => viad::client::Session::open_with_stats(asked, page.fd()),
+            None => viad::client::Session::open(asked),
         };
         let (session, info) = opened.map_err(|e| match e {
-            viad::client::AgentError::UnknownDevice(_) => ViaError::InvalidParameter,
+            viad::client::AgentError::UnknownDevice(why) => {
+                // The application sees only VIP_INVALID_PARAMETER: say why,
+                // and which names would do, at the default log level.
+                let via = alias.map(|a| format!("alias of {} ({}): ", a.device, a.origin)).unwrap_or_default();
+                let own = match aliases.is_empty() {
+                    true => String::new(),
+                    false => format!("; this program's aliases: {}", aliases.describe()),
+                };
+                tracing::error!("VipOpenNic({device:?}): {via}{why}{own}");
+                ViaError::InvalidParameter
+            }
             other => {
                 tracing::warn!("cannot open {device}: {other}");
                 ViaError::Resource

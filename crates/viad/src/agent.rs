@@ -788,7 +788,7 @@ impl Agent {
     }
 
     fn hello(&mut self, token: u64, name: &str, stats: Option<OwnedFd>) {
-        match device::resolve(name) {
+        match crate::aliases::resolve(name) {
             Ok(d) => {
                 let reply = Reply::Device {
                     name: d.name,
@@ -1003,7 +1003,10 @@ impl Agent {
             ("unreachable", self.unreachable),
             ("protocol_errors", self.protocol_errors),
             ("uptime_seconds", uptime),
+            ("pid", u64::from(std::process::id())),
+            ("uid", u64::from(self.owner)),
             ("cm_port", u64::from(cm_port)),
+            ("cm_port_configured", u64::from(self.cm_port)),
             ("cm_port_privileged", u64::from(self.cm_port_privileged)),
             ("cm_bind_errno", self.cm_down.errno as u64),
             ("cm_refused_source", self.cm_refused_source),

@@ -1,8 +1,7 @@
 //! VI device names and the host addresses of this host's devices.
 
-use std::ffi::CStr;
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use crate::netif;
+use std::net::IpAddr;
 
 /// Host address of `via_lo`.
 pub const LOOPBACK: [u8; 4] = [127, 0, 0, 1];
@@ -27,25 +26,61 @@ pub struct DeviceInfo {
 
 /// Resolves `/dev/via_IF` or `via_IF` to interface `IF`, its first IPv4
 /// address (127.0.0.1 for `lo`), its first global IPv6 address and its MTU.
+/// Names only devices: aliases are resolved before (see [`crate::aliases`]).
 pub fn resolve(device: &str) -> Result<DeviceInfo, String> {
-    let name = device.strip_prefix("/dev/").unwrap_or(device);
-    let interface = name
-        .strip_prefix("via_")
-        .filter(|i| !i.is_empty() && i.len() < libc::IFNAMSIZ && !i.contains(['/', '\0']))
-        .ok_or_else(|| format!("{device:?} is not a VI device name"))?;
-    let mtu = mtu(interface).map_err(|e| format!("{device:?}: interface {interface}: {e}"))?;
-    let addrs: Vec<Vec<u8>> =
-        interface_addrs().into_iter().filter_map(|(n, a)| (n == interface).then_some(a)).collect();
+    let interface = interface_name(device).ok_or_else(|| format!("{device:?} is not a VI device name"))?;
+    let mtu = netif::mtu(interface).map_err(|e| format!("{device:?}: interface {interface}: {e}"))?;
+    let addrs = netif::interfaces()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|i| i.name == interface)
+        .map(|i| i.addrs)
+        .unwrap_or_default();
+    describe(interface, &addrs, mtu).ok_or_else(|| format!("{device:?}: interface {interface} has no IPv4 address"))
+}
+
+/// The interface a device name (`/dev/via_IF` or `via_IF`) names, if it is
+/// one: `IF` must be a possible interface name.
+pub fn interface_name(device: &str) -> Option<&str> {
+    device.strip_prefix("/dev/").unwrap_or(device).strip_prefix("via_").filter(|i| {
+        !i.is_empty() && i.len() < libc::IFNAMSIZ && !i.contains(['/', '\0']) && !i.contains(char::is_whitespace)
+    })
+}
+
+/// Every VI device of this host: `via_lo` and `via_IF` for each interface
+/// with an IPv4 address, in the kernel's order of interfaces.
+pub fn devices() -> Vec<DeviceInfo> {
+    netif::interfaces()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|i| describe(&i.name, &i.addrs, netif::mtu(&i.name).ok()?))
+        .collect()
+}
+
+/// The device of `interface` with addresses `addrs`, if it has one.
+fn describe(interface: &str, addrs: &[IpAddr], mtu: u32) -> Option<DeviceInfo> {
     let host = match interface {
-        "lo" => Some(LOOPBACK.to_vec()),
-        _ => addrs.iter().find(|a| a.len() == 4).cloned(),
+        "lo" => LOOPBACK.to_vec(),
+        _ => addrs.iter().find_map(|a| match a {
+            IpAddr::V4(v4) => Some(v4.octets().to_vec()),
+            IpAddr::V6(_) => None,
+        })?,
     };
-    let host = host.ok_or_else(|| format!("{device:?}: interface {interface} has no IPv4 address"))?;
+    let v6 = addrs.iter().filter_map(|a| match a {
+        IpAddr::V6(v6) => Some(v6.octets()),
+        IpAddr::V4(_) => None,
+    });
     let host6 = match interface {
-        "lo" => addrs.iter().find(|a| a[..] == LOOPBACK6).cloned(),
-        _ => addrs.iter().find(|a| is_global6(a)).cloned(),
+        "lo" => v6.clone().find(|a| *a == LOOPBACK6),
+        _ => v6.clone().find(|a| is_global6(a)),
     };
-    Ok(DeviceInfo { name: name.to_string(), interface: interface.to_string(), host_addr: host, host_addr6: host6, mtu })
+    Some(DeviceInfo {
+        name: format!("via_{interface}"),
+        interface: interface.to_string(),
+        host_addr: host,
+        host_addr6: host6.map(|a| a.to_vec()),
+        mtu,
+    })
 }
 
 /// Whether `a` is an IPv6 address a remote host can reach: not unspecified,
@@ -99,64 +134,18 @@ pub fn canonical_host(host: &[u8]) -> &[u8] {
 }
 
 /// Every (interface, address) pair, IPv4 (4 bytes) and IPv6 (16 bytes), in
-/// the kernel's order.
+/// the kernel's order (the shared walk of [`crate::netif`]).
 fn interface_addrs() -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we walk read-only and free once.
-    unsafe {
-        if libc::getifaddrs(&mut head) != 0 {
-            return out;
-        }
-        let mut p = head;
-        while !p.is_null() {
-            let ifa = &*p;
-            let family = match ifa.ifa_addr.is_null() {
-                true => -1,
-                false => (*ifa.ifa_addr).sa_family as libc::c_int,
+    crate::netif::addresses()
+        .into_iter()
+        .map(|(name, a)| {
+            let bytes = match a {
+                std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+                std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
             };
-            let addr = match family {
-                libc::AF_INET => {
-                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                    // s_addr is in network order, so its memory bytes are the address.
-                    Some(sin.sin_addr.s_addr.to_ne_bytes().to_vec())
-                }
-                libc::AF_INET6 => {
-                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
-                    Some(sin6.sin6_addr.s6_addr.to_vec())
-                }
-                _ => None,
-            };
-            if let Some(addr) = addr {
-                let name = CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned();
-                out.push((name, addr));
-            }
-            p = ifa.ifa_next;
-        }
-        libc::freeifaddrs(head);
-    }
-    out
-}
-
-/// The MTU of `interface`; fails when there is no such interface.
-fn mtu(interface: &str) -> io::Result<u32> {
-    // SAFETY: plain syscalls; `req` is plain data with a NUL-terminated name
-    // (the name is shorter than IFNAMSIZ, checked by the caller).
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (d, s) in req.ifr_name.iter_mut().zip(interface.as_bytes()) {
-            *d = *s as libc::c_char;
-        }
-        if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU as _, &mut req) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(req.ifr_ifru.ifru_mtu.max(0) as u32)
-    }
+            (name, bytes)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -170,8 +159,20 @@ mod tests {
         assert_eq!(lo.host_addr, LOOPBACK);
         assert!(lo.mtu > 0);
         assert_eq!(resolve("via_lo").unwrap(), lo);
-        for bad in ["lo", "/dev/lo", "via_", "via_nosuchif9", "via_a/b", "via_0123456789abcdef"] {
+        for bad in ["lo", "/dev/lo", "via_", "via_nosuchif9", "via_a/b", "via_0123456789abcdef", "via_a b"] {
             assert!(resolve(bad).is_err(), "{bad}");
+        }
+        assert_eq!(interface_name("/dev/via_eth0"), Some("eth0"));
+        assert_eq!(interface_name("clanvi0"), None);
+    }
+
+    #[test]
+    fn every_device_resolves_to_itself() {
+        let all = devices();
+        assert!(all.contains(&resolve("via_lo").unwrap()), "{all:?}");
+        for d in &all {
+            assert_eq!(&resolve(&d.name).unwrap(), d);
+            assert_eq!(d.host_addr.len(), 4);
         }
     }
 

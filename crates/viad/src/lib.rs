@@ -14,10 +14,12 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod aliases;
 pub mod client;
 pub mod cm;
 pub mod device;
 mod launch;
+pub mod netif;
 pub mod proto;
 pub mod sock;
 mod udp;

@@ -6,91 +6,64 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
+
 use viad::agent::{self, Config};
 use viad::client::{self, Agent};
 
-const USAGE: &str = "\
-usage: viad [--daemon] [--idle-timeout SECONDS] [--socket NAME] [--cm-port PORT]
-            [--max-connections-per-uid N]
-       viad --stats [--socket NAME]
-       viad --stop [--socket NAME]
+/// What `viad --help` prints after the options.
+const AFTER_HELP: &str = "\
+Environment: VIA_AGENT_SOCKET (the socket), VIA_CM_PORT (the CM port),
+VIA_DEVICES_FILE (the aliases file, default /etc/openvia/devices), VIA_LOG
+(logging to stderr, e.g. VIA_LOG=debug).  See viad(8).";
 
-  --daemon              run in the background; return once the agent listens
-  --idle-timeout N      exit after N seconds without clients (default 10, 0 = never)
-  --socket NAME         abstract socket name (default $VIA_AGENT_SOCKET or openvia-viad)
-  --cm-port PORT        UDP port of the connection managers of all hosts
-                        (default $VIA_CM_PORT or 60; 0 = this host only).
-                        The default is privileged: only root binds it, and
-                        messages from it come from a host's agent; a port of
-                        1024 or more gives that protection up
-  --max-connections-per-uid N
-                        most connections one uid may hold at the agent
-                        (default 1024; root and the agent's own uid are exempt)
-  --stats               print the running agent's counters
-  --stop                ask the running agent to exit
-  -h, --help            show this text
-
-Logging goes to stderr when VIA_LOG is set (e.g. VIA_LOG=debug).";
-
-#[derive(Debug, Default)]
+/// The command line of `viad`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "viad",
+    version,
+    about = "openvia host agent (the VI kernel agent): device names, connection rendezvous, counters",
+    after_help = AFTER_HELP,
+    args_override_self = true
+)]
 struct Args {
+    /// Run in the background; return once the agent listens
+    #[arg(long)]
     daemon: bool,
+    /// Print the running agent's counters
+    #[arg(long, conflicts_with = "stop")]
     stats: bool,
+    /// Ask the running agent to exit
+    #[arg(long)]
     stop: bool,
-    help: bool,
+    /// Exit after this many seconds without clients (default 10, 0 = never)
+    #[arg(long = "idle-timeout", value_name = "SECONDS")]
     idle: Option<u64>,
+    /// Abstract socket name (default $VIA_AGENT_SOCKET or openvia-viad)
+    #[arg(long, value_name = "NAME")]
     socket: Option<String>,
+    /// UDP port of the connection managers of all hosts (default
+    /// $VIA_CM_PORT or 60; 0 = this host only).  The default is privileged:
+    /// only root binds it, and messages from it come from a host's agent; a
+    /// port of 1024 or more gives that protection up
+    #[arg(long, value_name = "PORT")]
     cm_port: Option<u16>,
+    /// Most connections one uid may hold at the agent (default 1024; root
+    /// and the agent's own uid are exempt)
+    #[arg(long = "max-connections-per-uid", value_name = "N", value_parser = positive)]
     max_per_uid: Option<usize>,
+}
+
+/// A count of at least 1.
+fn positive(v: &str) -> Result<usize, String> {
+    v.parse().ok().filter(|&n| n > 0).ok_or_else(|| format!("expected a number of at least 1, not {v:?}"))
 }
 
 /// Environment variable with the CM port (overridden by `--cm-port`).
 const CM_PORT_ENV: &str = "VIA_CM_PORT";
 
-fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut args = Args::default();
-    while let Some(arg) = argv.next() {
-        let mut value = |what: &str| argv.next().ok_or(format!("{arg} needs {what}"));
-        match arg.as_str() {
-            "--daemon" => args.daemon = true,
-            "--stats" => args.stats = true,
-            "--stop" => args.stop = true,
-            "-h" | "--help" => args.help = true,
-            "--socket" => args.socket = Some(value("a name")?),
-            "--idle-timeout" => {
-                let v = value("a number of seconds")?;
-                args.idle = Some(v.parse().map_err(|_| format!("bad --idle-timeout {v:?}"))?);
-            }
-            "--cm-port" => {
-                let v = value("a port number")?;
-                args.cm_port = Some(v.parse().map_err(|_| format!("bad --cm-port {v:?}"))?);
-            }
-            "--max-connections-per-uid" => {
-                let v = value("a number of connections")?;
-                let n = v.parse().ok().filter(|&n: &usize| n > 0);
-                args.max_per_uid = Some(n.ok_or(format!("bad --max-connections-per-uid {v:?}"))?);
-            }
-            _ => return Err(format!("unknown argument {arg:?}")),
-        }
-    }
-    if args.stats && args.stop {
-        return Err("--stats and --stop exclude each other".into());
-    }
-    Ok(args)
-}
-
 fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("viad: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    if args.help {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
+    let args = Args::parse();
     if args.daemon {
         // Descriptors leaked by the starting process (the application) must not
         // live on in the agent.  SAFETY: nothing in this process uses them.
@@ -132,7 +105,7 @@ fn main() -> ExitCode {
             Ok(v) if !v.is_empty() => match v.parse() {
                 Ok(port) => port,
                 Err(_) => {
-                    eprintln!("viad: bad {CM_PORT_ENV} {v:?}\n{USAGE}");
+                    eprintln!("viad: bad {CM_PORT_ENV} {v:?}: expected a port number (0 to 65535)");
                     return ExitCode::from(2);
                 }
             },
@@ -240,7 +213,7 @@ mod tests {
     use super::*;
 
     fn args(s: &str) -> Result<Args, String> {
-        parse(s.split_whitespace().map(String::from))
+        Args::try_parse_from(std::iter::once("viad").chain(s.split_whitespace())).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -254,6 +227,22 @@ mod tests {
         assert_eq!(args("--max-connections-per-uid 7").unwrap().max_per_uid, Some(7));
         assert_eq!(args("").unwrap().max_per_uid, None);
         assert!(args("--stats").unwrap().stats);
+        // --help and --version answer without running anything.
+        use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+        for (flag, kind) in
+            [("--help", DisplayHelp), ("-h", DisplayHelp), ("--version", DisplayVersion), ("-V", DisplayVersion)]
+        {
+            let e = Args::try_parse_from(["viad", flag]).unwrap_err();
+            assert_eq!(e.kind(), kind, "{flag}");
+        }
+        let version = Args::try_parse_from(["viad", "--version"]).unwrap_err().to_string();
+        assert_eq!(version.trim(), format!("viad {}", env!("CARGO_PKG_VERSION")));
+        let help = Args::try_parse_from(["viad", "--help"]).unwrap_err().to_string();
+        for option in
+            ["--daemon", "--idle-timeout", "--socket", "--cm-port", "--max-connections-per-uid", "--stats", "--stop"]
+        {
+            assert!(help.contains(option), "{option} not in\n{help}");
+        }
         for bad in [
             "--idle-timeout",
             "--idle-timeout x",

@@ -19,8 +19,10 @@ pub const MAX_DISC: usize = 64;
 pub const MAX_INFO: usize = 1024;
 /// Largest host address.
 pub const MAX_HOST: usize = 16;
-/// Largest device name, interface name, counter name or error text.
+/// Largest device name, interface name or counter name.
 pub const MAX_TEXT: usize = 256;
+/// Largest error text: an unknown device's lists the valid names.
+pub const MAX_ERROR_TEXT: usize = 2048;
 /// Largest connection segment the agent creates.
 pub const MAX_SEGMENT_BYTES: u64 = 256 << 20;
 /// Largest number of counters in a stats reply.
@@ -467,11 +469,11 @@ impl Reply {
                 w = Writer::new(0x89);
                 w.u8(kind.code());
                 // Error text is advisory: cut it rather than fail the reply.
-                let mut end = message.len().min(MAX_TEXT);
+                let mut end = message.len().min(MAX_ERROR_TEXT);
                 while !message.is_char_boundary(end) {
                     end -= 1;
                 }
-                w.bytes(&message.as_bytes()[..end], MAX_TEXT, "error text too long");
+                w.bytes(&message.as_bytes()[..end], MAX_ERROR_TEXT, "error text too long");
             }
         }
         w.finish()
@@ -520,7 +522,11 @@ impl Reply {
                 Reply::Stats { counters, total }
             }
             0x88 => Reply::Done,
-            0x89 => Reply::Error { kind: ErrorKind::from_code(r.u8()?)?, message: r.text()? },
+            0x89 => Reply::Error {
+                kind: ErrorKind::from_code(r.u8()?)?,
+                message: String::from_utf8(r.bytes(MAX_ERROR_TEXT, "error text too long")?)
+                    .map_err(|_| ProtoError("text is not UTF-8"))?,
+            },
             _ => return Err(ProtoError("unknown reply")),
         };
         r.end()?;
@@ -700,7 +706,15 @@ mod tests {
             let _ = Request::decode(&buf);
             let _ = Reply::decode(&buf);
         }
-        let err = Reply::Error { kind: ErrorKind::Invalid, message: "é".repeat(MAX_TEXT) };
-        assert!(matches!(Reply::decode(&err.encode().unwrap()), Ok(Reply::Error { .. })));
+        let err = Reply::Error { kind: ErrorKind::Invalid, message: "é".repeat(MAX_ERROR_TEXT) };
+        match Reply::decode(&err.encode().unwrap()) {
+            Ok(Reply::Error { message, .. }) => assert_eq!(message, "é".repeat(MAX_ERROR_TEXT / 2)),
+            other => panic!("{other:?}"),
+        }
+        // An error text over the limit on the wire is refused.
+        let mut buf = vec![VERSION, 0x89, 1];
+        buf.extend_from_slice(&(MAX_ERROR_TEXT as u16 + 1).to_le_bytes());
+        buf.extend_from_slice(&vec![b'x'; MAX_ERROR_TEXT + 1]);
+        assert_eq!(Reply::decode(&buf), Err(ProtoError("error text too long")));
     }
 }

@@ -80,11 +80,12 @@ pub(crate) fn p(handle: u64) -> VIP_PVOID {
     handle as VIP_PVOID
 }
 
+/// Logging to stderr: `VIA_LOG` is the filter (e.g. `debug`, `off`);
+/// unset, warnings and errors: why `VipOpenNic` refused a name, or why a
+/// request cannot leave this host, belongs in the program's own output.
 fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // Warnings by default: why a request cannot leave this host, or a
-        // device name is unknown, belongs in the program's own output.
         let level = std::env::var("VIA_LOG").unwrap_or_else(|_| "warn".to_string());
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(level))
