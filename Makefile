@@ -54,6 +54,8 @@ SHLIB     := libvipl.so.$(SOVERSION).$(VERSION)
 NATIVE_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 
 MANDIR  = $(PREFIX)/share/man
+# The systemd unit of the host agent (dist/viad.service.in).
+UNITDIR = $(PREFIX)/lib/systemd/system
 MAN1    := man/viabench.1 man/viainfo.1
 MAN7    := man/vipl.7
 MAN8    := man/viad.8
@@ -122,10 +124,19 @@ $(BUILD)/vipl.pc: vipl.pc.in Cargo.toml
 # vipl.pc depends on PREFIX, so it is always regenerated.
 .PHONY: $(BUILD)/vipl.pc
 
-install: all $(BUILD)/vipl.pc
+$(BUILD)/viad.service: dist/viad.service.in
+	@mkdir -p $(BUILD)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@.tmp
+	mv $@.tmp $@
+
+# viad.service depends on PREFIX, so it is always regenerated.
+.PHONY: $(BUILD)/viad.service
+
+install: all $(BUILD)/vipl.pc $(BUILD)/viad.service
 	$(INSTALL) -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib \
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin \
-		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(MANDIR)/man8
+		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man7 $(DESTDIR)$(MANDIR)/man8 \
+		$(DESTDIR)$(UNITDIR)
 	$(INSTALL) -m 644 include/vipl.h $(DESTDIR)$(PREFIX)/include/vipl.h
 	$(INSTALL) -m 755 $(BUILD)/lib/$(SHLIB) $(DESTDIR)$(PREFIX)/lib/$(SHLIB)
 	ln -sf $(SHLIB) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
@@ -137,6 +148,7 @@ install: all $(BUILD)/vipl.pc
 	$(INSTALL) -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	$(INSTALL) -m 644 $(MAN7) $(DESTDIR)$(MANDIR)/man7/
 	$(INSTALL) -m 644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
+	$(INSTALL) -m 644 $(BUILD)/viad.service $(DESTDIR)$(UNITDIR)/viad.service
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/include/vipl.h \
@@ -149,7 +161,8 @@ uninstall:
 		$(DESTDIR)$(PREFIX)/lib/pkgconfig/vipl.pc \
 		$(addprefix $(DESTDIR)$(MANDIR)/man1/,$(notdir $(MAN1))) \
 		$(addprefix $(DESTDIR)$(MANDIR)/man7/,$(notdir $(MAN7))) \
-		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8)))
+		$(addprefix $(DESTDIR)$(MANDIR)/man8/,$(notdir $(MAN8))) \
+		$(DESTDIR)$(UNITDIR)/viad.service
 
 # Install into a temporary prefix and check it (tests/install.sh): the
 # library's SONAME and exports, the tools, the manual pages, vipl.pc, a

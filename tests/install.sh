@@ -11,6 +11,8 @@
 #     records libvipl.so.1 and no rpath, runs with LD_LIBRARY_PATH, finds
 #     the installed viad beside the library, and is told why an unknown
 #     device name is refused;
+#   - lib/systemd/system/viad.service, which starts the installed viad
+#     (and passes systemd-analyze verify, where systemd is installed);
 #   - `make uninstall` leaves no file behind.
 #
 # Run from the top of the tree after `make` (the Makefile's test-install).
@@ -75,6 +77,21 @@ for t in viad viabench viainfo; do
         fail "no bin/$t"
     fi
 done
+
+# ---- the agent's service unit
+unit=$prefix/lib/systemd/system/viad.service
+if [ -f "$unit" ]; then
+    ok
+    exec_start=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$unit")
+    [ "$exec_start" = "$prefix/bin/viad" ] && [ -x "$exec_start" ] && ok \
+        || fail "viad.service starts '$exec_start', not the installed $prefix/bin/viad"
+    grep -q '^ExecStart=.* --idle-timeout 0' "$unit" && ok || fail "viad.service's agent would exit when idle"
+    if command -v systemd-analyze >/dev/null 2>&1; then
+        out=$(systemd-analyze verify --man=no "$unit" 2>&1) && ok || fail "systemd-analyze verify viad.service: $out"
+    fi
+else
+    fail "no lib/systemd/system/viad.service"
+fi
 
 # ---- the manual pages
 for page in man1/viabench.1 man1/viainfo.1 man7/vipl.7 man8/viad.8; do
