@@ -367,9 +367,13 @@ impl Cm {
     }
 
     /// Host `ip` answered at `now`: a CM message from its agent, or its
-    /// kernel's "port unreachable" for the CM port.
+    /// kernel's "port unreachable" for the CM port.  Only hosts this agent
+    /// asked are remembered, so that datagrams from anywhere cannot grow
+    /// the table.
     pub fn host_answered(&mut self, ip: IpAddr, now: Instant) {
-        self.answered.insert(ip, now);
+        if self.answered.contains_key(&ip) || self.outgoing.values().any(|o| o.dest.ip() == ip) {
+            self.answered.insert(ip, now);
+        }
     }
 
     /// The kernel reported "port unreachable" for a datagram to `dest`: the
@@ -809,7 +813,11 @@ mod tests {
         cm.start(4, up, |_| Some(vec![4]), Some(later + ms(600)), later);
         let events = cm.poll(later + ms(600));
         assert!(events.contains(&Event::TimedOut { token: 4, answered: false }), "{events:?}");
-        // Any CM message counts as an answer too.
+        // Any CM message counts as an answer too, from a host it asked.
+        let stranger: IpAddr = "10.9.9.9".parse().unwrap();
+        cm.host_answered(stranger, later);
+        assert!(!cm.host_up(stranger, later), "a host nobody asked is not remembered");
+        cm.start(5, down, |_| Some(vec![5]), None, later);
         cm.host_answered(down.ip(), later);
         assert!(cm.host_up(down.ip(), later + HOST_MEMORY - ms(1)) && !cm.host_up(down.ip(), later + HOST_MEMORY));
     }
