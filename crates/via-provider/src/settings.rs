@@ -59,7 +59,7 @@ pub fn settings() -> Vec<Setting> {
         s(
             "VIA_LOG",
             "libvipl, viad",
-            "error (libvipl), nothing (viad)".into(),
+            "warn (libvipl), nothing (viad)".into(),
             "log filter for stderr, e.g. debug or via_provider=info",
         ),
         s(
