@@ -67,7 +67,10 @@ pub struct Options {
     #[arg(long, value_enum, value_delimiter = ',')]
     pub mode: Vec<Mode>,
     /// Patterns: pingpong, stream, burst[:N], connect (comma-separated or
-    /// repeated).  connect: connection set-up, via-send and tcp only.
+    /// repeated).  connect: connection set-up, --connections times one after
+    /// the other (VipConnectRequest against VipConnectWait and
+    /// VipConnectAccept, or TCP connect against accept; one 8-byte message
+    /// there and back each), via-send and tcp only.
     #[arg(long, value_delimiter = ',')]
     pub pattern: Vec<String>,
     /// connect: connections timed per test, one after the other (default
