@@ -66,9 +66,17 @@ pub struct Options {
     /// the device (raw-shm on /dev/via_lo, raw-udp otherwise).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub mode: Vec<Mode>,
-    /// Patterns: pingpong, stream, burst[:N] (comma-separated or repeated).
+    /// Patterns: pingpong, stream, burst[:N], connect (comma-separated or
+    /// repeated).  connect: connection set-up, --connections times one after
+    /// the other (VipConnectRequest against VipConnectWait and
+    /// VipConnectAccept, or TCP connect against accept; one 8-byte message
+    /// there and back each), via-send and tcp only.
     #[arg(long, value_delimiter = ',')]
     pub pattern: Vec<String>,
+    /// connect: connections timed per test, one after the other (default
+    /// 1000, 200 with --quick).
+    #[arg(long)]
+    pub connections: Option<u64>,
     /// Messages per burst when the pattern says only `burst`.
     #[arg(long, default_value_t = 16)]
     pub burst: u32,
@@ -224,6 +232,10 @@ impl Options {
         let mut tests = Vec::new();
         for &mode in &self.modes() {
             for &pattern in &patterns {
+                // Connection set-up exists for VIA send/receive and TCP only.
+                if pattern == Pattern::Connect && !crate::connect::supports(mode) {
+                    continue;
+                }
                 for &wait in &waits {
                     tests.push(TestSpec {
                         mode,
@@ -243,6 +255,17 @@ impl Options {
                 }
             }
         }
+        if tests.is_empty() {
+            return Err(Error::new("the connect pattern measures the modes via-send and tcp only"));
+        }
+        let connections = self.connections.unwrap_or(if self.quick {
+            crate::connect::QUICK_CONNECTIONS
+        } else {
+            crate::connect::DEFAULT_CONNECTIONS
+        });
+        if connections == 0 {
+            return Err(Error::new("--connections must be at least 1"));
+        }
         Ok(Plan {
             tests,
             sizes,
@@ -250,6 +273,7 @@ impl Options {
             min_time: self.min_time(),
             max_time: Duration::from_secs_f64(self.max_time.max(0.0)),
             server_cpu: self.cpu.cpus().1,
+            connections,
         })
     }
 }
@@ -324,5 +348,27 @@ mod tests {
         assert_eq!(p.server_cpu, Some(1));
         assert!(opts(&["--sizes", "0"]).plan().is_err());
         assert!(opts(&["--descriptors", "1"]).plan().is_err());
+    }
+
+    #[test]
+    fn connect_plans_via_send_and_tcp_only() {
+        let p = opts(&["--pattern", "connect,pingpong", "--connections", "50"]).plan().unwrap();
+        let labels: Vec<String> = p.tests.iter().map(|t| t.label()).collect();
+        assert_eq!(
+            labels,
+            [
+                "via-send/connect/poll",
+                "via-send/pingpong/poll",
+                "via-rdma/pingpong/poll",
+                "tcp/connect/poll",
+                "tcp/pingpong/poll",
+                "raw-shm/pingpong/poll"
+            ]
+        );
+        assert_eq!(p.connections, 50);
+        assert_eq!(opts(&["--pattern", "connect", "--quick"]).plan().unwrap().connections, 200);
+        assert_eq!(opts(&["--pattern", "connect"]).plan().unwrap().connections, 1000);
+        assert!(opts(&["--pattern", "connect", "--mode", "raw-shm"]).plan().is_err());
+        assert!(opts(&["--pattern", "connect", "--connections", "0"]).plan().is_err());
     }
 }

@@ -36,7 +36,7 @@ fn buffer(last: bool) -> Which {
 pub fn reply_bytes(pattern: Pattern, size: usize) -> usize {
     match pattern {
         Pattern::PingPong => size,
-        Pattern::Stream | Pattern::Burst(_) => ACK_BYTES,
+        Pattern::Stream | Pattern::Burst(_) | Pattern::Connect => ACK_BYTES,
     }
 }
 
@@ -49,6 +49,9 @@ pub fn client_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
     let RunSpec { size, reps, seed: s } = run;
     if reps == 0 {
         return Err(Error::new("a run needs at least one repetition"));
+    }
+    if pattern == Pattern::Connect {
+        return Err(Error::new("the connect pattern has no block-size run"));
     }
     let side = Side::Client;
     let reply = reply_bytes(pattern, size);
@@ -86,6 +89,7 @@ pub fn client_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
                 link.recv(ACK_BYTES, r == reps)?;
             }
         }
+        Pattern::Connect => unreachable!("refused above"),
     }
     let elapsed = start.elapsed();
     checked(link, recv_seed(s, side, Which::Last), reply, "last reply")?;
@@ -96,6 +100,9 @@ pub fn client_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
 /// The server's side of a run.
 pub fn server_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result<()> {
     let RunSpec { size, reps, seed: s } = run;
+    if pattern == Pattern::Connect {
+        return Err(Error::new("the connect pattern has no block-size run"));
+    }
     let side = Side::Server;
     let reply = reply_bytes(pattern, size);
     let n = link.vis() as u64;
@@ -130,6 +137,7 @@ pub fn server_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
                 link.send(buffer(r == reps), ACK_BYTES)?;
             }
         }
+        Pattern::Connect => unreachable!("refused above"),
     }
     checked(link, recv_seed(s, side, Which::Last), size, "last block")?;
     link.finish()

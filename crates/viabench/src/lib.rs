@@ -6,12 +6,14 @@
 //! of several trials kept, reported as one-way time and throughput.  The
 //! same driver times VIA send/receive, VIA RDMA write, TCP, and bare
 //! shared-memory and UDP ping-pongs, so the numbers compare; TTCP-VIA's
-//! bursts (McKenzie) are a pattern of their own.
+//! bursts (McKenzie) are a pattern of their own, and so is connection
+//! set-up, VIA's connection management beside TCP's ([`connect`]).
 //!
 //! Both sides are one binary: a TCP control connection carries the plan and
 //! the results, the data moves over the transport under test.
 
 pub mod cli;
+pub mod connect;
 pub mod driver;
 pub mod error;
 pub mod flow;

@@ -59,6 +59,7 @@ fn replot(opts: &Options) -> Result<ExitCode> {
             rows,
             error: None,
             stats: Default::default(),
+            connect: None,
         });
     }
     let title = opts.title.clone().unwrap_or_else(|| "viabench".into());
@@ -175,7 +176,7 @@ fn run_client(opts: &Options) -> Result<ExitCode> {
     if let Some(path) = &opts.plot {
         plot::plot(path, &title, &report.tests)?;
     }
-    let failed = report.tests.iter().any(|t| t.error.is_some() || t.rows.is_empty());
+    let failed = report.tests.iter().any(|t| t.failed());
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 

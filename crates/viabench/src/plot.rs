@@ -149,6 +149,7 @@ mod tests {
                 .collect(),
             error: None,
             stats: LinkStats::default(),
+            connect: None,
         }
     }
 

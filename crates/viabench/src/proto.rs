@@ -4,7 +4,9 @@
 //!
 //! A session: `Hello`/`Welcome`; per test `Start`, `Ready`, the data-path
 //! connection, `Peer`, `Connected`; per measured run `Run` and `RunDone`;
-//! then `End`; finally `Bye`.
+//! then `End`; finally `Bye`.  A connect test (`--pattern connect`) has no
+//! data-path connection: after `Ready`, each `Run` is `reps` connections
+//! that the server takes one after the other ([`crate::connect`]).
 
 use crate::error::{Error, Result};
 use serde::de::DeserializeOwned;
@@ -12,8 +14,8 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 
-/// The version both sides must agree on.
-pub const PROTOCOL: &str = concat!("viabench-", env!("CARGO_PKG_VERSION"), "/1");
+/// The version both sides must agree on (`/2`: the connect pattern came).
+pub const PROTOCOL: &str = concat!("viabench-", env!("CARGO_PKG_VERSION"), "/2");
 
 /// Default TCP port of the control connection.
 pub const DEFAULT_PORT: u16 = 5198;
@@ -68,6 +70,9 @@ pub enum Pattern {
     Stream,
     /// TTCP-VIA: N back-to-back blocks, then one reply.
     Burst(u32),
+    /// Connection set-up: connections one after the other, each carrying
+    /// one small message there and back ([`crate::connect`]).
+    Connect,
 }
 
 impl Pattern {
@@ -77,10 +82,11 @@ impl Pattern {
             Pattern::PingPong => "pingpong".into(),
             Pattern::Stream => "stream".into(),
             Pattern::Burst(n) => format!("burst{n}"),
+            Pattern::Connect => "connect".into(),
         }
     }
-    /// Parses `pingpong`, `stream`, `burst`, `burst:N`, `burst=N` or
-    /// `burst N`; a bare `burst` takes `default_burst`.
+    /// Parses `pingpong`, `stream`, `burst`, `burst:N`, `burst=N`,
+    /// `burst N` or `connect`; a bare `burst` takes `default_burst`.
     pub fn parse(s: &str, default_burst: u32) -> Result<Pattern> {
         let s = s.trim();
         let (word, n) = match s.find([':', '=', ' ']) {
@@ -90,6 +96,7 @@ impl Pattern {
         match (word, n) {
             ("pingpong" | "ping-pong", None) => Ok(Pattern::PingPong),
             ("stream", None) => Ok(Pattern::Stream),
+            ("connect", None) => Ok(Pattern::Connect),
             ("burst", n) => {
                 let n = match n {
                     Some(n) => n.parse::<u32>().map_err(|_| Error::new(format!("bad burst length {n:?}")))?,
@@ -100,13 +107,13 @@ impl Pattern {
                 }
                 Ok(Pattern::Burst(n))
             }
-            _ => Err(Error::new(format!("unknown pattern {s:?} (pingpong, stream, burst[:N])"))),
+            _ => Err(Error::new(format!("unknown pattern {s:?} (pingpong, stream, burst[:N], connect)"))),
         }
     }
     /// Messages per timed iteration that the time is divided by.
     pub fn messages_per_rep(self) -> u64 {
         match self {
-            Pattern::PingPong => 2,
+            Pattern::PingPong | Pattern::Connect => 2,
             Pattern::Stream => 1,
             Pattern::Burst(n) => n as u64,
         }
@@ -352,6 +359,9 @@ mod tests {
         assert!(Pattern::parse("burst=0", 16).is_err());
         assert!(Pattern::parse("burst:4097", 16).is_err());
         assert!(Pattern::parse("flood", 16).is_err());
+        assert_eq!(Pattern::parse("connect", 16).unwrap(), Pattern::Connect);
+        assert!(Pattern::parse("connect:4", 16).is_err());
+        assert_eq!(Pattern::Connect.name(), "connect");
         assert_eq!(Pattern::Burst(8).name(), "burst8");
     }
 

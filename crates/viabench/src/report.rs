@@ -1,6 +1,7 @@
 //! Results and their forms: the terminal table, NetPIPE's `np.out` files
 //! and JSON.
 
+use crate::connect::ConnectStats;
 use crate::link::LinkStats;
 use crate::proto::TestSpec;
 use serde::Serialize;
@@ -79,9 +80,16 @@ pub struct TestResult {
     pub error: Option<String>,
     /// The client link's counters.
     pub stats: LinkStats,
+    /// What a connect test measured (`--pattern connect`; no rows then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect: Option<ConnectStats>,
 }
 
 impl TestResult {
+    /// Whether the test stopped on an error or measured nothing.
+    pub fn failed(&self) -> bool {
+        self.error.is_some() || (self.rows.is_empty() && self.connect.as_ref().is_none_or(|c| c.count == 0))
+    }
     /// The row of `bytes`, if measured.
     pub fn row(&self, bytes: usize) -> Option<&Row> {
         self.rows.iter().find(|r| r.bytes == bytes)
@@ -181,14 +189,22 @@ fn center(s: &str, width: usize) -> String {
 const TESTS_PER_TABLE: usize = 4;
 
 /// The terminal table: one row per size, one-way µs and MB/s per test, at
-/// most four tests side by side.
+/// most four tests side by side; then the connect tests, one line each.
 pub fn table(tests: &[TestResult]) -> String {
     let mut out = String::new();
-    for (i, group) in tests.chunks(TESTS_PER_TABLE).enumerate() {
+    let (connects, sized): (Vec<&TestResult>, Vec<&TestResult>) =
+        tests.iter().partition(|t| t.spec.pattern == crate::proto::Pattern::Connect);
+    for (i, group) in sized.chunks(TESTS_PER_TABLE).enumerate() {
         if i > 0 {
             out.push('\n');
         }
         out.push_str(&one_table(group));
+    }
+    if !connects.is_empty() {
+        if !sized.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&connect_table(&connects));
     }
     for t in tests {
         if let Some(e) = &t.error {
@@ -201,7 +217,7 @@ pub fn table(tests: &[TestResult]) -> String {
     out
 }
 
-fn one_table(tests: &[TestResult]) -> String {
+fn one_table(tests: &[&TestResult]) -> String {
     const COL: usize = 22;
     let mut sizes: Vec<usize> = tests.iter().flat_map(|t| t.rows.iter().map(|r| r.bytes)).collect();
     sizes.sort_unstable();
@@ -232,6 +248,40 @@ fn one_table(tests: &[TestResult]) -> String {
             }
         }
         out.push('\n');
+    }
+    out
+}
+
+/// The connect tests: per test the connections measured, the set-up time
+/// (median, 90th and 99th percentile), the first reply's median and the
+/// rate.
+fn connect_table(tests: &[&TestResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} |{:>7} |{:>10}{:>10}{:>10} |{:>13} |{:>9}",
+        "connection set-up", "conns", "µs median", "p90", "p99", "1st reply µs", "conn/s"
+    );
+    let _ = writeln!(out, "{}", "-".repeat(24 + 9 + 32 + 15 + 11));
+    for t in tests {
+        match &t.connect {
+            Some(c) => {
+                let _ = writeln!(
+                    out,
+                    "{:<24} |{:>7} |{:>10}{:>10}{:>10} |{:>13} |{:>9}",
+                    t.label,
+                    c.count,
+                    fmt_num(c.setup.median),
+                    fmt_num(c.setup.p90),
+                    fmt_num(c.setup.p99),
+                    fmt_num(c.reply.median),
+                    fmt_num(c.per_second)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "{:<24} |{:>7} |{:>30} |{:>13} |{:>9}", t.label, "-", "-", "-", "-");
+            }
+        }
     }
     out
 }
@@ -325,6 +375,7 @@ mod tests {
             rows: vec![Row::new(4, 1e-6, 100, 3, true)],
             error: None,
             stats: LinkStats { messages: 5, continues: 1, stalls: 0 },
+            connect: None,
         };
         let report = Report {
             tool: "viabench".into(),
@@ -357,6 +408,7 @@ mod tests {
             rows: vec![Row::new(1, 1e-6, 1, 1, true), Row::new(4, 2e-6, 1, 1, true)],
             error: None,
             stats: LinkStats::default(),
+            connect: None,
         };
         let mut b = a.clone();
         b.label = "tcp/pingpong/poll".into();
@@ -371,5 +423,38 @@ mod tests {
         assert!(t.contains("! data not verified"));
         let many: Vec<TestResult> = (0..6).map(|_| a.clone()).collect();
         assert_eq!(table(&many).matches("bytes").count(), 2);
+    }
+
+    #[test]
+    fn connect_tests_get_a_table_of_their_own() {
+        let samples: Vec<crate::connect::Sample> = [100u64, 200, 300]
+            .iter()
+            .map(|&us| crate::connect::Sample {
+                setup: Duration::from_micros(us),
+                reply: Duration::from_micros(us + 10),
+            })
+            .collect();
+        let mut s = spec(Mode::ViaSend);
+        s.pattern = Pattern::Connect;
+        let c = TestResult {
+            label: "via-send/connect/poll".into(),
+            spec: s,
+            rows: Vec::new(),
+            error: None,
+            stats: LinkStats::default(),
+            connect: Some(ConnectStats::new(&samples, Duration::from_millis(1), 1)),
+        };
+        assert!(!c.failed());
+        let t = table(std::slice::from_ref(&c));
+        assert!(!t.contains("bytes"), "{t}");
+        let line = t.lines().find(|l| l.starts_with("via-send/connect/poll")).unwrap();
+        assert!(line.contains("200.0") && line.contains("210.0") && line.contains("3000"), "{line}");
+        let mut none = c.clone();
+        none.connect = None;
+        assert!(none.failed());
+        let v: serde_json::Value = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["connect"]["count"], 3);
+        assert_eq!(v["connect"]["setup"]["median"], 200.0);
+        assert!(serde_json::to_value(&none).unwrap().get("connect").is_none());
     }
 }

@@ -2,6 +2,7 @@
 //! walks the plan, calibrates repetitions and keeps the best trial; the
 //! server sets up what each test asks for and answers runs.
 
+use crate::connect::{self, ConnectServer, ConnectStats};
 use crate::driver::{client_run, per_message, server_run};
 use crate::error::{Error, Result};
 use crate::link::{client_connect, server_setup, Link, LinkServer};
@@ -28,6 +29,8 @@ pub struct Plan {
     pub max_time: Duration,
     /// CPU the server pins itself to.
     pub server_cpu: Option<usize>,
+    /// Connections measured per connect test (`--pattern connect`).
+    pub connections: u64,
 }
 
 /// The client's end of a session.
@@ -75,7 +78,8 @@ impl ClientSession {
         }
     }
 
-    /// Measures one test over every size of the plan.
+    /// Measures one test over every size of the plan (a connect test: its
+    /// connections).
     pub fn run_test(&mut self, spec: &TestSpec, plan: &Plan, progress: &mut Progress) -> Result<TestResult> {
         let label = spec.label();
         let mut result = TestResult {
@@ -84,8 +88,17 @@ impl ClientSession {
             rows: Vec::new(),
             error: None,
             stats: Default::default(),
+            connect: None,
         };
         let steps = plan.sizes.len();
+        if spec.pattern == Pattern::Connect {
+            progress.at(&label, connect::MESSAGE_BYTES);
+            self.connect_test(spec, plan, &mut result)?;
+            progress.skip(steps);
+            // One "size": the message each connection carries.
+            progress.test_done(&label, usize::from(result.connect.is_some()), result.error.as_deref());
+            return Ok(result);
+        }
         self.ctrl.send(&ClientMsg::Start(spec.clone()))?;
         let info = match self.ctrl.expect::<ServerMsg>()? {
             ServerMsg::Ready(info) => info,
@@ -150,6 +163,61 @@ impl ClientSession {
         self.end()?;
         progress.test_done(&label, result.rows.len(), result.error.as_deref());
         Ok(result)
+    }
+
+    /// A connect test: an untimed warm-up run, then the measured one.
+    fn connect_test(&mut self, spec: &TestSpec, plan: &Plan, result: &mut TestResult) -> Result<()> {
+        self.ctrl.send(&ClientMsg::Start(spec.clone()))?;
+        let info = match self.ctrl.expect::<ServerMsg>()? {
+            ServerMsg::Ready(info) => info,
+            ServerMsg::Error(e) => {
+                result.error = Some(format!("server: {e}"));
+                return Ok(());
+            }
+            other => return Err(Error::new(format!("unexpected answer to Start: {other:?}"))),
+        };
+        let mut client = match connect::client_open(spec, &info, self.server_ip) {
+            Ok(c) => c,
+            Err(e) => {
+                result.error = Some(e.context("setting up").0);
+                return self.end();
+            }
+        };
+        let warmup = connect::warmup(plan.connections);
+        let measured = self
+            .connect_run(client.as_mut(), warmup)
+            .map_err(|e| e.context("warm-up"))
+            .and_then(|_| self.connect_run(client.as_mut(), plan.connections.max(1)));
+        match measured {
+            Ok((samples, elapsed)) => result.connect = Some(ConnectStats::new(&samples, elapsed, warmup)),
+            Err(e) => result.error = Some(e.0),
+        }
+        drop(client);
+        self.end()
+    }
+
+    /// One run of `n` connections, both sides, checked on both.
+    fn connect_run(
+        &mut self,
+        client: &mut dyn connect::ConnectClient,
+        n: u64,
+    ) -> Result<(Vec<connect::Sample>, Duration)> {
+        self.runs += 1;
+        let run = RunSpec { size: connect::MESSAGE_BYTES, reps: n, seed: mix(self.seed ^ self.runs) };
+        self.ctrl.send(&ClientMsg::Run(run))?;
+        let mine = connect::client_run(client, run);
+        let theirs = match self.ctrl.expect::<ServerMsg>()? {
+            ServerMsg::RunDone(o) => o,
+            other => return Err(Error::new(format!("unexpected answer to Run: {other:?}"))),
+        };
+        match (mine, theirs) {
+            (Ok(got), RunOutcome { verified: true, .. }) => Ok(got),
+            (Err(e), RunOutcome { error: Some(s), .. }) => Err(e.context(format!("server: {s}; client"))),
+            (Err(e), _) => Err(e),
+            (Ok(_), RunOutcome { error, .. }) => {
+                Err(Error::new(format!("server: {}", error.unwrap_or_else(|| "not verified".into()))))
+            }
+        }
     }
 
     /// Measures one size: calibrates, runs the trials, keeps the best.
@@ -241,6 +309,7 @@ fn serve_client(stream: TcpStream, device: Option<&str>) -> Result<()> {
     let mut ctrl = Control::new(stream)?;
     let mut half: Option<Box<dyn LinkServer>> = None;
     let mut link: Option<Box<dyn Link>> = None;
+    let mut listener: Option<Box<dyn ConnectServer>> = None;
     let mut spec: Option<TestSpec> = None;
     loop {
         let Some(msg) = ctrl.recv::<ClientMsg>()? else { return Ok(()) };
@@ -257,8 +326,25 @@ fn serve_client(stream: TcpStream, device: Option<&str>) -> Result<()> {
                 }
                 ctrl.send(&ServerMsg::Welcome { version: PROTOCOL.into(), host: crate::sys::hostname() })?;
             }
+            ClientMsg::Start(s) if s.pattern == Pattern::Connect => {
+                half = None;
+                if let Some(mut l) = link.take() {
+                    let _ = l.close();
+                }
+                listener = None;
+                let dev = device.unwrap_or(&s.device).to_string();
+                match connect::server_open(&s, &dev, local_ip) {
+                    Err(e) => ctrl.send(&ServerMsg::Error(e.0))?,
+                    Ok(l) => {
+                        ctrl.send(&ServerMsg::Ready(l.info()))?;
+                        listener = Some(l);
+                        spec = Some(s);
+                    }
+                }
+            }
             ClientMsg::Start(s) => {
                 half = None;
+                listener = None;
                 if let Some(mut l) = link.take() {
                     let _ = l.close();
                 }
@@ -287,6 +373,14 @@ fn serve_client(stream: TcpStream, device: Option<&str>) -> Result<()> {
                 },
                 None => ctrl.send(&ServerMsg::Error("no test is set up".into()))?,
             },
+            ClientMsg::Run(run) if listener.is_some() => {
+                let l = listener.as_mut().expect("a connect test is set up");
+                let outcome = match l.serve(run) {
+                    Ok(()) => RunOutcome { verified: true, error: None },
+                    Err(e) => RunOutcome { verified: false, error: Some(e.0) },
+                };
+                ctrl.send(&ServerMsg::RunDone(outcome))?;
+            }
             ClientMsg::Run(run) => {
                 let outcome = match (link.as_mut(), spec.as_ref()) {
                     (Some(l), Some(s)) => match server_run(l.as_mut(), s.pattern, run) {
@@ -300,6 +394,7 @@ fn serve_client(stream: TcpStream, device: Option<&str>) -> Result<()> {
             ClientMsg::End => {
                 half = None;
                 spec = None;
+                listener = None;
                 if let Some(mut l) = link.take() {
                     if let Err(e) = l.close() {
                         eprintln!("viabench server: closing: {e}");

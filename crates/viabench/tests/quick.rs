@@ -218,3 +218,30 @@ fn raw_ether_refuses_the_loopback_with_a_clear_error() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success() && text.contains("not the loopback"), "{text}");
 }
+
+#[test]
+fn connect_sets_up_every_connection_asked_for() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("connect");
+    let report = run.viabench(&["--pattern", "connect", "--mode", "via-send,tcp", "--connections", "8"]);
+    let tests = report["tests"].as_array().expect("tests");
+    let labels: Vec<&str> = tests.iter().map(|t| t["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["via-send/connect/poll", "tcp/connect/poll"]);
+    for t in tests {
+        let label = t["label"].as_str().unwrap();
+        assert!(t["error"].is_null(), "{label}: {}", t["error"]);
+        assert!(t["rows"].as_array().unwrap().is_empty(), "{label}");
+        let c = &t["connect"];
+        assert_eq!(c["count"], 8, "{label}: {c}");
+        let setup = c["setup_us"].as_array().unwrap();
+        let reply = c["reply_us"].as_array().unwrap();
+        assert_eq!((setup.len(), reply.len()), (8, 8), "{label}: {c}");
+        for (s, r) in setup.iter().zip(reply) {
+            let (s, r) = (s.as_f64().unwrap(), r.as_f64().unwrap());
+            // Set-up is part of the first reply's time.
+            assert!(s > 0.0 && r >= s, "{label}: set-up {s} µs, first reply {r} µs");
+        }
+        assert!(c["setup"]["median"].as_f64().unwrap() > 0.0, "{label}: {c}");
+        assert!(c["per_second"].as_f64().unwrap() > 0.0, "{label}: {c}");
+    }
+}
