@@ -445,12 +445,26 @@ impl Cm {
             !(same_vi && matches!(h.state, HeldState::Queued | HeldState::Delivered(_)))
         });
         self.stats.superseded += (before - self.held.len()) as u64;
-        if self.held.len() >= MAX_HELD {
+        if self.held.len() >= MAX_HELD && !self.forget_oldest_answered() {
             return Arrival::Full;
         }
         self.held.insert((src, id), held);
         self.stats.requests_received += 1;
         Arrival::New
+    }
+
+    /// Makes room in a full table: forgets the answered request whose last
+    /// copy is the oldest (kept only to answer a late copy again), so that
+    /// a sustained rate of requests is not refused for the answered ones.
+    /// `false` when every held request is still waiting or being answered.
+    fn forget_oldest_answered(&mut self) -> bool {
+        let oldest = self
+            .held
+            .iter()
+            .filter(|(_, h)| matches!(h.state, HeldState::Answered { .. }))
+            .min_by_key(|(_, h)| h.last_seen)
+            .map(|(k, _)| *k);
+        oldest.is_some_and(|k| self.held.remove(&k).is_some())
     }
 
     /// Answers held request `key` with `datagram`, whose first copy the
@@ -751,6 +765,14 @@ mod tests {
             assert_eq!(cm.arrive(a, id, held(id, t0)), Arrival::New);
         }
         assert_eq!(cm.arrive(a, u64::MAX, held(u64::MAX, t0)), Arrival::Full);
+        // An answered request makes room: the oldest one goes.
+        for id in [7, 3, 9] {
+            cm.answer((a, id), vec![1], None, t0);
+            cm.answer_acked((a, id));
+        }
+        cm.held.get_mut(&(a, 7)).unwrap().last_seen = t0 - ms(1);
+        assert_eq!(cm.arrive(a, u64::MAX, held(u64::MAX, t0)), Arrival::New);
+        assert!(!cm.held.contains_key(&(a, 7)) && cm.held.contains_key(&(a, 3)));
     }
 
     #[test]
