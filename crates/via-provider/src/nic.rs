@@ -379,6 +379,9 @@ impl Nic {
         }
         match &*handler {
             Some(h) => h(&event),
+            // A peer's disconnect is how connections end: not worth a
+            // warning where nobody asked to hear of it.
+            None if event.code == error_code::CONN_LOST => tracing::info!(?event, "asynchronous VIA error"),
             None => tracing::warn!(?event, "asynchronous VIA error"),
         }
     }
