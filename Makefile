@@ -170,7 +170,7 @@ uninstall:
 test-install: all
 	MAKE="$(MAKE)" CC="$(CC)" PKG_CONFIG="$(PKG_CONFIG)" sh tests/install.sh
 
-# pkg-config, valgrind, g++, nftables and python3-matplotlib, if missing (scripts/setup.sh).
+# pkg-config, valgrind, g++, nftables, python3-matplotlib and python3-crc32c, if missing (scripts/setup.sh).
 setup:
 	sh scripts/setup.sh
 

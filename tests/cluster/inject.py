@@ -2,6 +2,7 @@
 """Throw bad datagrams at a running openvia process.
 
     inject.py --pid PID [--seconds S] [--iface eth0] [--cm] [--frames-from NS]
+    inject.py --self-test
 
 Run inside the network namespace of the target process (cluster.sh exec).
 The target's UDP data port is found with `ss -u -a -n -p`.  The script
@@ -33,6 +34,13 @@ check their data; this script only reports what it sent.  It exits non-zero
 when it could not find the port or saw no traffic to learn from (then it
 proved nothing), or when a captured packet's checksum does not match the
 CRC-32C computed here (then the forgeries would not be what they claim).
+
+The CRC-32C comes from the crc32c module (Debian and Ubuntu: python3-crc32c,
+which scripts/setup.sh installs); the packets are packed with struct, as
+docs/wire.md lays them out (a packet library knows nothing of openvia's
+format, and the kernel frames the UDP datagrams).  --self-test checks the
+CRC on the CRC-32C check value and the iSCSI vectors, and the checksums of
+packets that via-wire built, then exits.
 """
 
 import argparse
@@ -45,6 +53,11 @@ import subprocess
 import sys
 import time
 
+try:
+    from crc32c import crc32c
+except ImportError:
+    sys.exit("inject: needs the crc32c module for python3 (Debian/Ubuntu: python3-crc32c; scripts/setup.sh)")
+
 HEADER = struct.Struct(">HBBHHIIQIIQIIIIQIIII")  # docs/wire.md, 80 bytes
 assert HEADER.size == 80
 MAGIC = 0x5649
@@ -54,29 +67,6 @@ HEADER_CRC = 16  # flag: the checksum covers the header only
 CM_PORT = 60  # via_wire::cm::CM_PORT
 MAX_UDP = 65507
 ETH_P_ALL = 0x0003
-
-
-def make_table():
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-TABLE = make_table()
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-assert crc32c(b"123456789") == 0xE3069283
 
 
 def seal(packet):
@@ -160,7 +150,8 @@ class Sniffer:
         if len(payload) < 80 or payload[:2] != b"VI":
             return
         self.seen += 1
-        # CRC-32C in Python is slow: check the first packets and a sample.
+        # Check the first packets and a sample: a CRC of every one would slow
+        # this loop, which must keep up with a stream (GSO buffers of 64 KiB).
         if self.seen <= 64 or self.seen % 32 == 0:
             self.checked += 1
             if not checksum_ok(payload):
@@ -297,15 +288,64 @@ def frames(rng, packets, dst, port):
     return out
 
 
+# Packets that via-wire built (via_wire::encode): an RDMA write with the
+# 7-byte payload "openvia", a DATA packet with FLAG_HEADER_CRC and 16 bytes
+# of 0x5a, and an acknowledgement.
+RUST_PACKETS = [
+    "56490102000d000701020304050607081122334455667788deadbeef000000118000000000000001"
+    "000000030000000000001000cafef00d00007fff000010000000002a00000000000001004e44e9f0"
+    "6f70656e766961",
+    "56490101001b001001020304050607081122334455667788deadbeef000000118000000000000001"
+    "000000030000000000001000cafef00d00007fff000010000000002a00000000000001000a00b811"
+    "5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a",
+    "564901050000000001020304050607081122334455667788deadbeef000000118000000000000001"
+    "00000000000000000000000000000000000000000000000000000000000000000000010079384199",
+]
+
+
+def self_test():
+    """The CRC and the checksum of a packet as via-wire computes them."""
+    vectors = [
+        (b"123456789", 0xE3069283),  # the check value of CRC-32C
+        (bytes(32), 0x8A9136AA),  # the iSCSI vectors, RFC 3720 B.4
+        (b"\xff" * 32, 0x62A8AB43),
+        (bytes(range(32)), 0x46DD794E),
+        (bytes(range(31, -1, -1)), 0x113FDB5C),
+        (b"", 0),
+    ]
+    for data, want in vectors:
+        got = crc32c(data)
+        if got != want:
+            sys.exit("inject: self-test: CRC-32C of %r is %#010x, not %#010x" % (data[:12], got, want))
+    for i, h in enumerate(RUST_PACKETS):
+        p = bytes.fromhex(h)
+        if not checksum_ok(p):
+            sys.exit("inject: self-test: via-wire's packet %d fails this script's checksum" % i)
+        bent = bytearray(p)
+        bent[76:80] = b"\0\0\0\0"
+        if seal(bent) != p:
+            sys.exit("inject: self-test: packet %d sealed here differs from via-wire's" % i)
+        bent[10] ^= 1  # the header's first byte of dst_vi
+        if checksum_ok(bytes(bent)):
+            sys.exit("inject: self-test: packet %d with a flipped bit passes" % i)
+    print("inject: self-test: %d CRC vectors, %d packets of via-wire: ok" % (len(vectors), len(RUST_PACKETS)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pid", type=int, required=True)
+    ap.add_argument("--self-test", action="store_true", help="check the CRC and packet checksums, then exit")
+    ap.add_argument("--pid", type=int)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--iface", default="eth0")
     ap.add_argument("--cm", action="store_true", help="also send garbage to the CM port")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--frames-from", metavar="NS", help="also send Ethernet frames from this namespace")
     args = ap.parse_args()
+    if args.self_test:
+        self_test()
+        return
+    if args.pid is None:
+        ap.error("--pid is required")
     rng = random.Random(args.seed)
 
     port = find_port(args.pid, 10.0)

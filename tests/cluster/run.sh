@@ -68,6 +68,16 @@ cluster=$here/cluster.sh
 cc=${CC:-cc}
 cflags=${OVC_CFLAGS:--std=c11 -O2 -g -Wall -Wextra -Werror -pthread}
 
+# inject.py (bad-input) needs the crc32c module: python3 from PATH if it
+# has it, else the distribution's, where scripts/setup.sh installs it.
+python=
+for p in python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import crc32c' 2>/dev/null; then
+        python=$p
+        break
+    fi
+done
+
 OVC_RUN=${OVC_RUN:-$$}
 logs=$out/logs/$OVC_RUN
 VIA_VIAD=$stage/bin/viad
@@ -407,8 +417,8 @@ case_fault() {
 }
 
 case_bad_input() {
-    if ! command -v python3 >/dev/null 2>&1; then
-        echo "no python3"
+    if [ -z "$python" ]; then
+        echo "no python3 with the crc32c module (scripts/setup.sh installs python3-crc32c)"
         return 77
     fi
     up 2 || return 1
@@ -419,7 +429,7 @@ case_bad_input() {
     irc=1
     if wait_for "$logs/$tc.h2" streaming 30; then
         pid=$(sed -n 's/^pid //p' "$logs/$tc.h2")
-        on 2 60 python3 "$here/inject.py" --pid "$pid" --seconds 6 --cm \
+        on 2 60 "$python" "$here/inject.py" --pid "$pid" --seconds 6 --cm \
             --frames-from "/run/netns/$(cluster ns 1)" >"$logs/$tc.inject" 2>&1
         irc=$?
     else
@@ -676,6 +686,10 @@ build() {
         $cc $cflags $vcflags -o "$out/$p.new.$$" "$src" $vlibs || return 1
         mv -f "$out/$p.new.$$" "$out/$p" || return 1
     done
+    if [ -n "$python" ]; then
+        echo "PY inject.py --self-test"
+        "$python" "$here/inject.py" --self-test || return 1
+    fi
 }
 
 # skip_all REASON: every case skipped.

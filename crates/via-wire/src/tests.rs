@@ -86,12 +86,13 @@ fn emit_then_gather_then_finish() {
 
 #[test]
 fn a_packet_finished_from_pieces_checksums_as_one_built_whole() {
-    // The payload in pieces elsewhere: long enough to fold, cut at odd places.
+    // The payload in pieces elsewhere: long enough to fold, cut at odd places
+    // (and into empty pieces).
     let payload: Vec<u8> = (0..70_000u32).map(|i| (i * 7 + i / 251) as u8).take(65_000).collect();
     for flags in [FLAG_FIRST, FLAG_FIRST | FLAG_HEADER_CRC] {
         let h = Header { flags, ..sample_header() };
         let whole = encode(&h, &payload);
-        for cuts in [vec![], vec![1], vec![3, 4097, 60_000], vec![64_999]] {
+        for cuts in [vec![], vec![1], vec![3, 4097, 60_000], vec![64_999], vec![0, 3, 3, 65_000]] {
             let mut pieces = Vec::new();
             let mut at = 0;
             for &cut in cuts.iter().chain([&payload.len()]) {
