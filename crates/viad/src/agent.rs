@@ -488,24 +488,11 @@ fn takes(w: &Waiter, h: &Held) -> bool {
 
 /// A fresh connection segment of [`SEGMENT_BYTES`] and a socket pair.
 fn resources() -> io::Result<(OwnedFd, OwnedFd, OwnedFd)> {
-    let name = c"openvia-conn";
-    // SAFETY: plain syscalls; the memfd is owned from here on.
-    let memfd = unsafe {
-        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        if libc::ftruncate(fd.as_raw_fd(), SEGMENT_BYTES as libc::off_t) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // Neither side may resize the segment under the other's mapping.
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        fd
-    };
+    use rustix::fs::{self, MemfdFlags, SealFlags};
+    let memfd = fs::memfd_create("openvia-conn", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    fs::ftruncate(&memfd, SEGMENT_BYTES)?;
+    // Neither side may resize the segment under the other's mapping.
+    fs::fcntl_add_seals(&memfd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     let (s0, s1) = sock::pair()?;
     Ok((memfd, s0, s1))
 }
