@@ -306,24 +306,7 @@ fn signal_fd() -> io::Result<OwnedFd> {
 /// with no weaker fallback: ids that another host could guess would let it
 /// answer for requests it never received.
 fn random_u64() -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    let mut filled = 0;
-    while filled < b.len() {
-        let rest = &mut b[filled..];
-        // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        match n {
-            n if n > 0 => filled += n as usize,
-            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "getrandom returned nothing")),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(u64::from_ne_bytes(b))
+    Ok(getrandom::u64()?)
 }
 
 /// Raises the soft limit on open descriptors to the hard one: every client
