@@ -492,17 +492,11 @@ fn endpoint_of(e: &CmEndpoint) -> Endpoint {
 /// A connection key from the OS random source: a key anyone could guess
 /// would let them inject packets, so without one there is no connection.
 fn random_key() -> ViaResult<u64> {
-    let mut key = 0u64;
-    loop {
-        // SAFETY: getrandom into a local u64.
-        let n = unsafe { libc::getrandom(&mut key as *mut u64 as *mut libc::c_void, 8, 0) };
-        match n {
-            8 => return Ok(key | 1),
-            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => continue,
-            _ => {
-                tracing::warn!("no connection key: the OS random source failed: {}", std::io::Error::last_os_error());
-                return Err(ViaError::Resource);
-            }
+    match getrandom::u64() {
+        Ok(key) => Ok(key | 1),
+        Err(e) => {
+            tracing::warn!("no connection key: the OS random source failed: {e}");
+            Err(ViaError::Resource)
         }
     }
 }

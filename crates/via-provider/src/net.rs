@@ -19,8 +19,8 @@
 
 use crate::counters::{Counter, Counters};
 use crate::ether::EtherSocket;
-use crate::net_batch::{first_packet_len, Batch, GRO_BUFFER, UDP_GRO};
-use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS, UDP_SEGMENT};
+use crate::net_batch::{first_packet_len, Batch, GRO_BUFFER};
+use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use crate::nic::Nic;
 use crate::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::read_schedule::ReadSchedule;
@@ -244,7 +244,7 @@ impl NetPort {
         // Segmentation offload: sends of several packets in one buffer, and
         // datagrams that arrive coalesced (UDP_GRO).
         let offload = gso_setting() && kernel_has_gso(&socket);
-        let gro = offload && set_option(&socket, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let gro = offload && set_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         let segment = segment_size(nic.device.mtu as usize);
         // Coalesced datagrams need buffers of the largest one; without
         // coalescing a buffer one byte longer than a packet tells a longer
@@ -339,7 +339,7 @@ impl NetPort {
         let opened = PeerSocket::connect(local, to).and_then(|s| {
             grow_buffers(s.socket());
             if self.gro {
-                set_option(s.socket(), libc::SOL_UDP, UDP_GRO, 1)?;
+                set_option(s.socket(), libc::SOL_UDP, libc::UDP_GRO, 1)?;
             }
             Ok(s)
         });
@@ -898,12 +898,14 @@ pub(crate) fn socket_addr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::so
 /// Socket buffers large enough for a full window of jumbo segments, so that
 /// bursts are not dropped by the kernel before the session sees them.
 fn grow_buffers(socket: &UdpSocket) {
+    use rustix::net::sockopt;
     let bytes = 16 << 20;
-    for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
-        // The forced variant needs CAP_NET_ADMIN; otherwise take what the limit allows.
-        if set_option(socket, libc::SOL_SOCKET, force, bytes).is_err() {
-            let _ = set_option(socket, libc::SOL_SOCKET, plain, bytes);
-        }
+    // The forced variants need CAP_NET_ADMIN; otherwise take what the limit allows.
+    if sockopt::set_socket_recv_buffer_size_force(socket, bytes).is_err() {
+        let _ = sockopt::set_socket_recv_buffer_size(socket, bytes);
+    }
+    if sockopt::set_socket_send_buffer_size_force(socket, bytes).is_err() {
+        let _ = sockopt::set_socket_send_buffer_size(socket, bytes);
     }
 }
 
@@ -918,7 +920,7 @@ pub(crate) fn kernel_has_gso(socket: &UdpSocket) -> bool {
         libc::getsockopt(
             socket.as_raw_fd(),
             libc::SOL_UDP,
-            UDP_SEGMENT,
+            libc::UDP_SEGMENT,
             &mut value as *mut libc::c_int as *mut libc::c_void,
             &mut len,
         ) == 0

@@ -8,8 +8,6 @@
 use std::os::fd::RawFd;
 use via_wire::{Packet, HEADER_LEN};
 
-/// `UDP_GRO` (linux/udp.h): receive coalesced datagrams, with their segment size.
-pub(crate) const UDP_GRO: libc::c_int = 104;
 /// Receive buffer of a socket with `UDP_GRO`: the largest coalesced datagram.
 pub(crate) const GRO_BUFFER: usize = 65536;
 
@@ -227,7 +225,7 @@ fn gro_segment(control: &[u8]) -> usize {
             return 0;
         }
         let data = &control[at + data_at..at + len];
-        if c.cmsg_level == libc::SOL_UDP && c.cmsg_type == UDP_GRO {
+        if c.cmsg_level == libc::SOL_UDP && c.cmsg_type == libc::UDP_GRO {
             return match data.len() {
                 2 => u16::from_ne_bytes([data[0], data[1]]) as usize,
                 n if n >= 4 => i32::from_ne_bytes([data[0], data[1], data[2], data[3]]).max(0) as usize,
@@ -350,17 +348,17 @@ mod tests {
     #[test]
     fn gro_segment_reads_only_well_formed_control_messages() {
         assert_eq!(gro_segment(&[]), 0);
-        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, UDP_GRO, &1452i32.to_ne_bytes())), 1452);
-        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, UDP_GRO, &1452u16.to_ne_bytes())), 1452);
-        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, UDP_GRO, &(-5i32).to_ne_bytes())), 0);
-        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, UDP_GRO, &[7])), 0);
-        assert_eq!(gro_segment(&cmsg(libc::SOL_IP, UDP_GRO, &1452i32.to_ne_bytes())), 0);
+        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, libc::UDP_GRO, &1452i32.to_ne_bytes())), 1452);
+        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, libc::UDP_GRO, &1452u16.to_ne_bytes())), 1452);
+        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, libc::UDP_GRO, &(-5i32).to_ne_bytes())), 0);
+        assert_eq!(gro_segment(&cmsg(libc::SOL_UDP, libc::UDP_GRO, &[7])), 0);
+        assert_eq!(gro_segment(&cmsg(libc::SOL_IP, libc::UDP_GRO, &1452i32.to_ne_bytes())), 0);
         // After another control message.
         let mut two = cmsg(libc::SOL_SOCKET, 29, &[1, 2, 3, 4, 5, 6, 7, 8]);
-        two.extend(cmsg(libc::SOL_UDP, UDP_GRO, &900i32.to_ne_bytes()));
+        two.extend(cmsg(libc::SOL_UDP, libc::UDP_GRO, &900i32.to_ne_bytes()));
         assert_eq!(gro_segment(&two), 900);
         // Lengths that are zero, too short or past the end end the search.
-        let mut bad = cmsg(libc::SOL_UDP, UDP_GRO, &1452i32.to_ne_bytes());
+        let mut bad = cmsg(libc::SOL_UDP, libc::UDP_GRO, &1452i32.to_ne_bytes());
         for len in [0usize, 1, 8, bad.len() + 1, usize::MAX] {
             unsafe { std::ptr::write_unaligned(bad.as_mut_ptr() as *mut usize, len) };
             assert_eq!(gro_segment(&bad), 0, "cmsg_len {len}");
@@ -402,7 +400,7 @@ mod tests {
             let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
             let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
             rx.set_nonblocking(true).unwrap();
-            let gro = set_option(&rx, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+            let gro = set_option(&rx, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
             let batch = Batch::new(8, if gro { GRO_BUFFER } else { 2048 }, gro);
             let mut packets = OutPackets::default();
             for d in datagrams {

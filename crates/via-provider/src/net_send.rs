@@ -16,8 +16,6 @@ use std::os::fd::RawFd;
 use via_reliable::Transmit;
 use via_wire::HEADER_LEN;
 
-/// `UDP_SEGMENT` (linux/udp.h): the segment size of a GSO send.
-pub(crate) const UDP_SEGMENT: libc::c_int = 103;
 /// Most segments the kernel takes in one GSO send (`UDP_MAX_SEGMENTS` of
 /// older kernels; newer ones take 128).
 pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
@@ -414,7 +412,7 @@ fn set_segment_cmsg(h: &mut libc::msghdr, buf: &mut [u64; 3], segment: u16) {
         h.msg_controllen = space as _;
         let c = libc::CMSG_FIRSTHDR(h);
         (*c).cmsg_level = libc::SOL_UDP;
-        (*c).cmsg_type = UDP_SEGMENT;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
         (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segment);
     }
@@ -566,13 +564,8 @@ mod tests {
         use std::net::UdpSocket;
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        crate::peer_socket::set_option_to(
-            std::os::fd::AsRawFd::as_raw_fd(&rx),
-            libc::SOL_UDP,
-            crate::net_batch::UDP_GRO,
-            &1i32,
-        )
-        .unwrap();
+        crate::peer_socket::set_option_to(std::os::fd::AsRawFd::as_raw_fd(&rx), libc::SOL_UDP, libc::UDP_GRO, &1i32)
+            .unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
         let addr = crate::net::socket_addr(rx.local_addr().unwrap());
         let mut buf = vec![0u8; 65536];

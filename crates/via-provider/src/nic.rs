@@ -3,7 +3,7 @@
 use crate::handles::Handle;
 use crate::provider;
 use parking_lot::Mutex;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use via_core::consts::limits;
@@ -401,17 +401,10 @@ pub struct Ptag {
 
 /// An eventfd that becomes readable when the NIC closes.
 fn closing_fd() -> std::io::Result<OwnedFd> {
-    // SAFETY: eventfd returns a fresh fd or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the fd is fresh and ours.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use rustix::event::{eventfd, EventfdFlags};
+    Ok(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?)
 }
 
 fn signal_closing(fd: &OwnedFd) {
-    let one = 1u64;
-    // SAFETY: writing 8 bytes to our eventfd.
-    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }

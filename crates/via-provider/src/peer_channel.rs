@@ -44,22 +44,7 @@ const MAX_FDS: usize = 4;
 /// Makes the kernel attach the sender's credentials to whatever this end
 /// receives from now on.
 pub fn expect_credentials(socket: BorrowedFd<'_>) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: setsockopt with a c_int option value.
-    let r = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PASSCRED,
-            (&on as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    socket2::SockRef::from(&socket).set_passcred(true)
 }
 
 /// Sends `msg` with this process's credentials and, for `Ready` and

@@ -13,7 +13,7 @@
 //! complete, peers whose socket could not be opened).
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 
 /// A socket of the port connected to one peer.
 pub struct PeerSocket {
@@ -64,28 +64,18 @@ pub fn bind_port(ip: IpAddr) -> std::io::Result<UdpSocket> {
 /// A non-blocking UDP socket with `SO_REUSEPORT`, bound to `addr`;
 /// dual-stack if `addr` is the IPv6 wildcard.
 fn bind_shared(addr: SocketAddr) -> std::io::Result<UdpSocket> {
-    let family = if addr.is_ipv6() { libc::AF_INET6 } else { libc::AF_INET };
-    // SAFETY: a plain socket call; the result is checked.
-    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new socket that nothing else owns.
-    let socket = unsafe { UdpSocket::from_raw_fd(fd) };
-    set_option(&socket, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    use socket2::{Domain, Socket, Type};
+    // Close-on-exec, as socket2 makes every socket.
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM.nonblocking(), None)?;
+    socket.set_reuse_port(true)?;
     if addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) {
-        set_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
+        socket.set_only_v6(false)?;
     }
-    let (storage, len) = crate::net::socket_addr(addr);
-    // SAFETY: `storage` holds a socket address of `len` bytes.
-    let r = unsafe { libc::bind(fd, &storage as *const libc::sockaddr_storage as *const libc::sockaddr, len) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(socket)
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
 }
 
-/// Sets an integer socket option.
+/// Sets an integer socket option that socket2 has no call for (`UDP_GRO`).
 pub(crate) fn set_option(
     socket: &impl AsRawFd,
     level: libc::c_int,
@@ -96,7 +86,8 @@ pub(crate) fn set_option(
 }
 
 /// Sets socket option `name` of `fd` to `value`, a plain C value (an int,
-/// a `tpacket_req`, a `sock_fprog`) passed with its own size.
+/// a `tpacket_req`, a `sock_fprog`) passed with its own size: the options
+/// of packet sockets and UDP offload, which socket2 does not set.
 pub(crate) fn set_option_to<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> std::io::Result<()> {
     // SAFETY: setsockopt reads size_of::<T>() bytes of a live value.
     let r = unsafe {

@@ -14,8 +14,9 @@ use crate::net::NetPort;
 use crate::nic::error_code;
 use crate::Vi;
 use parking_lot::Mutex;
+use rustix::event::{epoll, eventfd, EventfdFlags};
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
@@ -44,12 +45,11 @@ const PORT_TOKEN: u64 = 1 << 62;
 fn helper() -> &'static Helper {
     static HELPER: OnceLock<&'static Helper> = OnceLock::new();
     HELPER.get_or_init(|| {
-        // SAFETY: plain syscalls; results checked.
-        let (epoll, wakeup) = unsafe {
-            let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
-            let ev = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
-            assert!(ep >= 0 && ev >= 0, "epoll/eventfd: {}", std::io::Error::last_os_error());
-            (OwnedFd::from_raw_fd(ep), OwnedFd::from_raw_fd(ev))
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC);
+        let wakeup = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK);
+        let (epoll, wakeup) = match (epoll, wakeup) {
+            (Ok(epoll), Ok(wakeup)) => (epoll, wakeup),
+            (Err(e), _) | (_, Err(e)) => panic!("epoll/eventfd: {}", std::io::Error::from(e)),
         };
         let helper: &'static Helper = Box::leak(Box::new(Helper {
             epoll,
@@ -61,7 +61,7 @@ fn helper() -> &'static Helper {
             sleep_until: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
         }));
-        add(helper, helper.wakeup.as_raw_fd(), WAKEUP_TOKEN, 0);
+        add(helper, helper.wakeup.as_fd(), WAKEUP_TOKEN);
         std::thread::Builder::new()
             .name("via-progress".into())
             .spawn(move || run(helper))
@@ -70,11 +70,9 @@ fn helper() -> &'static Helper {
     })
 }
 
-fn add(h: &Helper, fd: RawFd, token: u64, extra: u32) {
-    let events = (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP) as u32 | extra;
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: registering an fd we hold open.
-    unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+fn add(h: &Helper, fd: BorrowedFd<'_>, token: u64) {
+    let events = epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::HUP;
+    let _ = epoll::add(&h.epoll, fd, epoll::EventData::new_u64(token), events);
 }
 
 /// Starts watching a shared-memory connection of VI `vi`.
@@ -83,7 +81,7 @@ pub fn watch(conn: &Arc<Conn>, vi: Handle) {
     let token = h.next_token.fetch_add(1, Ordering::Relaxed);
     conn.token.store(token, Ordering::Release);
     h.watched.lock().insert(token, (vi, Arc::downgrade(conn)));
-    add(h, conn.socket.as_raw_fd(), token, 0);
+    add(h, conn.socket.as_fd(), token);
 }
 
 /// Stops watching a connection (before its socket is closed).
@@ -91,9 +89,8 @@ pub fn unwatch(conn: &Arc<Conn>) {
     let h = helper();
     let token = conn.token.swap(0, Ordering::AcqRel);
     if token != 0 && h.watched.lock().remove(&token).is_some() {
-        let fd = conn.socket.as_raw_fd();
-        // SAFETY: the fd is still open (the Conn is alive).
-        unsafe { libc::epoll_ctl(h.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+        // The fd is still open (the Conn is alive).
+        let _ = epoll::delete(&h.epoll, &conn.socket);
     }
 }
 
@@ -155,9 +152,7 @@ pub fn defer(job: Job) {
 }
 
 fn wake(h: &Helper) {
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes to our eventfd.
-    unsafe { libc::write(h.wakeup.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    let _ = rustix::io::write(&h.wakeup, &1u64.to_ne_bytes());
 }
 
 /// Runs the ports' timers and takes over the sockets the application has
@@ -199,9 +194,8 @@ fn run(h: &'static Helper) {
         for ev in events.iter().take(n.max(0) as usize) {
             let token = ev.u64;
             if token == WAKEUP_TOKEN {
-                let mut buf = 0u64;
-                // SAFETY: draining our eventfd.
-                unsafe { libc::read(h.wakeup.as_raw_fd(), &mut buf as *mut u64 as *mut libc::c_void, 8) };
+                // Drains our eventfd.
+                let _ = rustix::io::read(&h.wakeup, &mut [0u8; 8]);
                 loop {
                     let job = h.jobs.lock().pop_front();
                     match job {
@@ -230,7 +224,8 @@ fn run(h: &'static Helper) {
 
 /// Sleeps in epoll until an event or the timeout.  Session timers (delayed
 /// acknowledgements) need microseconds: `epoll_pwait2` where the kernel has
-/// it, otherwise `epoll_wait` rounded up to whole milliseconds.
+/// it, otherwise `epoll_wait` rounded up to whole milliseconds.  (rustix
+/// picks one of the two when it is built, not by what the kernel has.)
 fn wait(h: &Helper, events: &mut [libc::epoll_event], timeout: Option<std::time::Duration>) -> i32 {
     static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let max = events.len() as i32;

@@ -228,25 +228,15 @@ pub type QueueGuard<'a, T> = lock_api::MutexGuard<'a, RawQueueLock, T>;
 /// barrier on every running thread of this process.
 mod membarrier {
     use super::OnceLock;
-
-    const CMD_QUERY: libc::c_int = 0;
-    const CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
-    fn call(cmd: libc::c_int) -> libc::c_long {
-        // SAFETY: membarrier takes plain integers and touches no memory of ours.
-        unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
-    }
+    use rustix::thread::{membarrier, membarrier_query, MembarrierCommand};
 
     /// The process registered for expedited barriers: its pid, or 0 if
     /// the kernel has none.
     pub(super) static REGISTERED: OnceLock<u32> = OnceLock::new();
 
     fn register() -> bool {
-        let supported = call(CMD_QUERY);
-        supported >= 0
-            && supported & CMD_PRIVATE_EXPEDITED as libc::c_long != 0
-            && call(CMD_REGISTER_PRIVATE_EXPEDITED) == 0
+        membarrier_query().contains_command(MembarrierCommand::PrivateExpedited)
+            && membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
     }
 
     /// Whether barriers can be had, registering the process on first use.
@@ -258,7 +248,7 @@ mod membarrier {
     /// process after `fork` registers anew.
     pub(super) fn barrier() {
         loop {
-            if call(CMD_PRIVATE_EXPEDITED) == 0 {
+            if membarrier(MembarrierCommand::PrivateExpedited).is_ok() {
                 return;
             }
             // Not registered in this process (a child of a fork), or interrupted.

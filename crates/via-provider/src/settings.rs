@@ -162,7 +162,7 @@ pub struct Offloads {
 pub fn probe(ip: Ipv4Addr) -> Result<Offloads, String> {
     let socket = UdpSocket::bind((IpAddr::V4(ip), 0)).map_err(|e| format!("cannot bind a UDP socket on {ip}: {e}"))?;
     let gso = crate::net::kernel_has_gso(&socket);
-    let gro = gso && crate::peer_socket::set_option(&socket, libc::SOL_UDP, crate::net_batch::UDP_GRO, 1).is_ok();
+    let gro = gso && crate::peer_socket::set_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
     let ethernet = match ip.is_loopback() {
         true => Err("loopback".into()),
         false => crate::ether::frames_possible(ip),

@@ -3,7 +3,9 @@
 //! The futexes are not `FUTEX_PRIVATE`: the word lives in a shared mapping
 //! and the waiter and the waker are different processes.
 
-use std::ptr;
+use rustix::io::Errno;
+use rustix::thread::futex;
+use rustix::thread::futex::Timespec;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
@@ -12,32 +14,18 @@ use std::time::Duration;
 /// Returns false only on timeout; a wake-up, a changed value, a signal or a
 /// spurious return give true, so callers re-check their condition.
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) -> bool {
-    let ts = timeout.map(|d| libc::timespec {
-        tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(d.subsec_nanos()),
+    let ts = timeout.map(|d| Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
     });
-    let tsp = ts.as_ref().map_or(ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: FUTEX_WAIT only reads the aligned word, which `word` keeps alive.
-    let r = unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp, ptr::null::<u32>(), 0u32)
-    };
-    !(r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT))
+    // Shared (not FUTEX_PRIVATE): the waker is another process.
+    futex::wait(word, futex::Flags::empty(), expected, ts.as_ref()) != Err(Errno::TIMEDOUT)
 }
 
 /// Wakes up to `n` waiters sleeping on `word` in any process.
 pub fn futex_wake(word: &AtomicU32, n: i32) {
-    // SAFETY: FUTEX_WAKE does not access memory through the pointer.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            n,
-            ptr::null::<libc::timespec>(),
-            ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    // Nothing to do about a failure: the word is ours and aligned.
+    let _ = futex::wake(word, futex::Flags::empty(), n as u32);
 }
 
 #[cfg(test)]

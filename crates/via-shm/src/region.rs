@@ -1,9 +1,9 @@
 //! A `MAP_SHARED` mapping of a sealed memfd.
 
-use std::ffi::CString;
+use rustix::fs::{self, MemfdFlags, SealFlags};
+use rustix::mm::{self, MapFlags, ProtFlags};
 use std::io;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::{self, NonNull};
 
 /// A read-write shared mapping of a whole memfd; unmapped on drop.
@@ -39,11 +39,7 @@ impl SharedRegion {
 
     fn create_sealed(name: &str, len: usize, populate: Populate) -> io::Result<SharedRegion> {
         let region = Self::create_unsealed(name, len, populate)?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on our own fd.
-        if unsafe { libc::fcntl(region.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        fs::fcntl_add_seals(&region.fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         Ok(region)
     }
 
@@ -53,32 +49,22 @@ impl SharedRegion {
     /// fd can map it read-only and nothing else, however it reopens it.
     pub fn create_owner_written(name: &str, len: usize) -> io::Result<SharedRegion> {
         let region = Self::create_unsealed(name, len, Populate::Now)?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on our own fd.
-        if unsafe { libc::fcntl(region.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let seals = SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL;
+        fs::fcntl_add_seals(&region.fd, seals)?;
         Ok(region)
     }
 
     fn create_unsealed(name: &str, len: usize, populate: Populate) -> io::Result<SharedRegion> {
-        let size = libc::off_t::try_from(len)
+        let size = i64::try_from(len)
             .ok()
             .filter(|&s| s > 0)
             .ok_or_else(|| invalid(io::ErrorKind::InvalidInput, "bad shared region size"))?;
-        let cname = CString::new(name).map_err(|_| invalid(io::ErrorKind::InvalidInput, "NUL in region name"))?;
-        // SAFETY: plain system calls on a valid C string and on our own fd.
-        unsafe {
-            let raw = libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
-            if raw < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let fd = OwnedFd::from_raw_fd(raw);
-            if libc::ftruncate(fd.as_raw_fd(), size) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, populate)
+        if name.contains('\0') {
+            return Err(invalid(io::ErrorKind::InvalidInput, "NUL in region name"));
         }
+        let fd = fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        fs::ftruncate(&fd, size as u64)?;
+        Self::mmap(fd, len, ProtFlags::READ | ProtFlags::WRITE, populate)
     }
 
     /// Maps the whole of a memfd received from another process.
@@ -87,7 +73,7 @@ impl SharedRegion {
     /// else (a regular file, an unsealable memfd) is refused.
     pub fn map(fd: OwnedFd) -> io::Result<SharedRegion> {
         let len = Self::sealed_len(&fd)?;
-        Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, Populate::Now)
+        Self::mmap(fd, len, ProtFlags::READ | ProtFlags::WRITE, Populate::Now)
     }
 
     /// Maps a memfd received from another process if it is exactly `len`
@@ -95,7 +81,7 @@ impl SharedRegion {
     /// peer cannot make this process map (and populate) more than it chose.
     pub fn map_exact(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
         match Self::sealed_len(&fd)? {
-            l if l == len => Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, Populate::Now),
+            l if l == len => Self::mmap(fd, len, ProtFlags::READ | ProtFlags::WRITE, Populate::Now),
             _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
         }
     }
@@ -103,7 +89,7 @@ impl SharedRegion {
     /// As [`SharedRegion::map_exact`], with pages mapped when first touched.
     pub fn map_exact_lazy(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
         match Self::sealed_len(&fd)? {
-            l if l == len => Self::mmap(fd, len, libc::PROT_READ | libc::PROT_WRITE, Populate::OnTouch),
+            l if l == len => Self::mmap(fd, len, ProtFlags::READ | ProtFlags::WRITE, Populate::OnTouch),
             _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
         }
     }
@@ -113,49 +99,35 @@ impl SharedRegion {
     /// through [`SharedRegion::as_ptr`] of such a region.
     pub fn map_read_only(fd: OwnedFd, len: usize) -> io::Result<SharedRegion> {
         match Self::sealed_len(&fd)? {
-            l if l == len => Self::mmap(fd, len, libc::PROT_READ, Populate::Now),
+            l if l == len => Self::mmap(fd, len, ProtFlags::READ, Populate::Now),
             _ => Err(invalid(io::ErrorKind::InvalidData, "shared region of the wrong size")),
         }
     }
 
     /// The size of a memfd, after making sure it cannot shrink.
     fn sealed_len(fd: &OwnedFd) -> io::Result<usize> {
-        let raw = fd.as_raw_fd();
-        // SAFETY: fcntl/fstat on an fd we own, into a local buffer.
-        let len = unsafe {
-            // Sealed before fstat so the size cannot shrink after we read it.
-            let seals = libc::fcntl(raw, libc::F_GET_SEALS);
-            if seals < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if seals & libc::F_SEAL_SHRINK == 0 && libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut st = MaybeUninit::<libc::stat>::uninit();
-            if libc::fstat(raw, st.as_mut_ptr()) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            st.assume_init().st_size
-        };
+        // Sealed before fstat so the size cannot shrink after we read it.
+        if !fs::fcntl_get_seals(fd)?.contains(SealFlags::SHRINK) {
+            fs::fcntl_add_seals(fd, SealFlags::SHRINK)?;
+        }
+        let len = fs::fstat(fd)?.st_size;
         usize::try_from(len)
             .ok()
             .filter(|&l| l > 0)
             .ok_or_else(|| invalid(io::ErrorKind::InvalidData, "empty shared region"))
     }
 
-    fn mmap(fd: OwnedFd, len: usize, prot: libc::c_int, populate: Populate) -> io::Result<SharedRegion> {
+    fn mmap(fd: OwnedFd, len: usize, prot: ProtFlags, populate: Populate) -> io::Result<SharedRegion> {
         // Populated now unless asked otherwise, so that the data path never
         // takes a page fault (a ring's slots are first written one page at
         // a time otherwise).
         let flags = match populate {
-            Populate::Now => libc::MAP_SHARED | libc::MAP_POPULATE,
-            Populate::OnTouch => libc::MAP_SHARED,
+            Populate::Now => MapFlags::SHARED | MapFlags::POPULATE,
+            Populate::OnTouch => MapFlags::SHARED,
         };
-        // SAFETY: a fresh shared mapping of a file that cannot shrink below `len`.
-        let p = unsafe { libc::mmap(ptr::null_mut(), len, prot, flags, fd.as_raw_fd(), 0) };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // SAFETY: a fresh shared mapping (at an address the kernel picks) of
+        // a file that cannot shrink below `len`.
+        let p = unsafe { mm::mmap(ptr::null_mut(), len, prot, flags, &fd, 0) }?;
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| invalid(io::ErrorKind::Other, "null mapping"))?;
         Ok(SharedRegion { fd, ptr, len })
     }
@@ -163,13 +135,7 @@ impl SharedRegion {
     /// The identity of the file behind `fd` (device and inode): two fds of
     /// one memfd, received at different times, have the same identity.
     pub fn file_identity(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-        let mut st = MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: fstat on a borrowed fd, into a local buffer.
-        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fstat succeeded and filled the buffer.
-        let st = unsafe { st.assume_init() };
+        let st = fs::fstat(fd)?;
         Ok((st.st_dev, st.st_ino))
     }
 
@@ -196,8 +162,9 @@ impl SharedRegion {
 
 impl Drop for SharedRegion {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `mmap`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        // SAFETY: unmaps exactly the mapping made in `mmap`, which nothing
+        // uses once the region is dropped.
+        let _ = unsafe { mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
@@ -216,6 +183,7 @@ fn invalid(kind: io::ErrorKind, msg: &'static str) -> io::Error {
 mod tests {
     use super::*;
     use std::fs::File;
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn two_mappings_share_bytes() {

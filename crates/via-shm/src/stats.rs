@@ -10,8 +10,10 @@
 //! reader treats everything as untrusted and validates it.
 
 use crate::region::SharedRegion;
+use rustix::fs::{self, SealFlags};
+use rustix::mm::{self, MapFlags, ProtFlags};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"VIASTAT2");
@@ -148,26 +150,17 @@ impl StatsView {
     /// Maps a page received from another process.  The file must be sealed
     /// against shrinking (pages made by [`StatsPage::create`] are).
     pub fn map(fd: OwnedFd) -> io::Result<StatsView> {
-        // SAFETY: fcntl/fstat/mmap on an fd we own; results checked.
-        unsafe {
-            let seals = libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS);
-            if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "counter page not sealed"));
-            }
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let len = st.st_size as usize;
-            if !(HEADER_BYTES..=rows_offset(MAX_COUNTERS) + MAX_ROWS * ROW_BYTES).contains(&len) {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "counter page of the wrong size"));
-            }
-            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0);
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(StatsView { ptr: p as *const u8, len, _fd: fd })
+        if !fs::fcntl_get_seals(&fd).is_ok_and(|s| s.contains(SealFlags::SHRINK)) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "counter page not sealed"));
         }
+        let len = fs::fstat(&fd)?.st_size as usize;
+        if !(HEADER_BYTES..=rows_offset(MAX_COUNTERS) + MAX_ROWS * ROW_BYTES).contains(&len) {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "counter page of the wrong size"));
+        }
+        // SAFETY: a fresh read-only mapping (at an address the kernel picks)
+        // of a file sealed against shrinking below `len`.
+        let p = unsafe { mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::SHARED, &fd, 0) }?;
+        Ok(StatsView { ptr: p as *const u8, len, _fd: fd })
     }
 
     fn bytes(&self, at: usize, n: usize) -> &[u8] {
@@ -212,8 +205,8 @@ impl StatsView {
 
 impl Drop for StatsView {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in map().
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // SAFETY: the mapping made in map(), unused once the view is dropped.
+        let _ = unsafe { mm::munmap(self.ptr as *mut std::ffi::c_void, self.len) };
     }
 }
 
@@ -269,8 +262,7 @@ mod tests {
         assert!(StatsPage::create("x", &["a", "b"], 1).is_err(), "rows wider than the counters");
         assert!(StatsPage::create("x", &["a"; ROW_WIDTH], MAX_ROWS + 1).is_err());
         // An unsealed memfd is refused.
-        let raw = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
-        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let fd = fs::memfd_create("x", fs::MemfdFlags::CLOEXEC).unwrap();
         assert!(StatsView::map(fd).is_err());
     }
 }

@@ -306,24 +306,7 @@ fn signal_fd() -> io::Result<OwnedFd> {
 /// with no weaker fallback: ids that another host could guess would let it
 /// answer for requests it never received.
 fn random_u64() -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    let mut filled = 0;
-    while filled < b.len() {
-        let rest = &mut b[filled..];
-        // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        match n {
-            n if n > 0 => filled += n as usize,
-            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "getrandom returned nothing")),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(u64::from_ne_bytes(b))
+    Ok(getrandom::u64()?)
 }
 
 /// Raises the soft limit on open descriptors to the hard one: every client
@@ -488,24 +471,11 @@ fn takes(w: &Waiter, h: &Held) -> bool {
 
 /// A fresh connection segment of [`SEGMENT_BYTES`] and a socket pair.
 fn resources() -> io::Result<(OwnedFd, OwnedFd, OwnedFd)> {
-    let name = c"openvia-conn";
-    // SAFETY: plain syscalls; the memfd is owned from here on.
-    let memfd = unsafe {
-        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        if libc::ftruncate(fd.as_raw_fd(), SEGMENT_BYTES as libc::off_t) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // Neither side may resize the segment under the other's mapping.
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        if libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        fd
-    };
+    use rustix::fs::{self, MemfdFlags, SealFlags};
+    let memfd = fs::memfd_create("openvia-conn", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    fs::ftruncate(&memfd, SEGMENT_BYTES)?;
+    // Neither side may resize the segment under the other's mapping.
+    fs::fcntl_add_seals(&memfd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     let (s0, s1) = sock::pair()?;
     Ok((memfd, s0, s1))
 }

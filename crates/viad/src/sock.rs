@@ -1,8 +1,15 @@
 //! Abstract-namespace `SOCK_SEQPACKET` sockets and descriptor passing.
 
-use std::io;
-use std::mem::{size_of, size_of_val, zeroed};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use rustix::event::Timespec;
+use rustix::event::{PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::{size_of, zeroed, MaybeUninit};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use crate::proto::MAX_MESSAGE;
@@ -28,60 +35,52 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn address(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: sockaddr_un is plain data; all-zero is a valid value.
-    let mut sa: libc::sockaddr_un = unsafe { zeroed() };
-    sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = name.as_bytes();
-    if name.is_empty() || name.len() >= sa.sun_path.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad agent socket name"));
+/// Retries `f` while a signal interrupts it.
+fn retry<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(Errno::INTR) => continue,
+            r => return r.map_err(io::Error::from),
+        }
     }
-    // The leading NUL byte (already zero) puts the name in the abstract namespace.
-    for (d, s) in sa.sun_path[1..].iter_mut().zip(name) {
-        *d = *s as libc::c_char;
-    }
-    let len = size_of::<libc::sa_family_t>() + 1 + name.len();
-    Ok((sa, len as libc::socklen_t))
 }
 
-fn socket(flags: libc::c_int) -> io::Result<OwnedFd> {
-    let kind = libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | flags;
-    // SAFETY: plain syscall; the returned fd is owned from here on.
-    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, kind, 0) })?;
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// The abstract address `name` (the leading NUL byte of the address puts
+/// it in the abstract namespace).
+fn address(name: &str) -> io::Result<SocketAddrUnix> {
+    let name = name.as_bytes();
+    // sun_path holds the leading NUL byte and the name.
+    let room = size_of::<libc::sockaddr_un>() - size_of::<libc::sa_family_t>();
+    if name.is_empty() || name.len() >= room {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad agent socket name"));
+    }
+    Ok(SocketAddrUnix::new_abstract_name(name)?)
+}
+
+fn socket(flags: SocketFlags) -> io::Result<OwnedFd> {
+    Ok(net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC | flags, None)?)
 }
 
 /// Binds a non-blocking listening socket to the abstract name `name`.
 pub fn listen(name: &str) -> io::Result<OwnedFd> {
-    let (sa, len) = address(name)?;
-    let fd = socket(libc::SOCK_NONBLOCK)?;
-    // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) })?;
-    cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    let addr = address(name)?;
+    let fd = socket(SocketFlags::NONBLOCK)?;
+    net::bind(&fd, &addr)?;
+    net::listen(&fd, 128)?;
     Ok(fd)
 }
 
 /// Connects a blocking socket to the abstract name `name`.
 pub fn connect(name: &str) -> io::Result<OwnedFd> {
-    let (sa, len) = address(name)?;
-    let fd = socket(0)?;
-    loop {
-        // SAFETY: `sa` is a valid sockaddr_un of `len` bytes.
-        let r = unsafe { libc::connect(fd.as_raw_fd(), (&sa as *const libc::sockaddr_un).cast(), len) };
-        match cvt(r) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-            Ok(_) => return Ok(fd),
-        }
-    }
+    let addr = address(name)?;
+    let fd = socket(SocketFlags::empty())?;
+    retry(|| net::connect(&fd, &addr))?;
+    Ok(fd)
 }
 
 /// Accepts one connection as a non-blocking, close-on-exec socket.
 pub fn accept(listener: BorrowedFd) -> io::Result<OwnedFd> {
-    let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    // SAFETY: plain syscall; the returned fd is owned from here on.
-    let fd = cvt(unsafe { libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), flags) })?;
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(net::accept_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC)?)
 }
 
 /// Who is at the other end of a connected Unix socket, as the kernel saw it.
@@ -121,98 +120,52 @@ pub fn peer_cred(fd: BorrowedFd) -> io::Result<Cred> {
 
 /// Creates a connected `SOCK_SEQPACKET` socket pair (close-on-exec).
 pub fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    let kind = libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC;
-    // SAFETY: `fds` has room for the two descriptors, owned from here on.
-    cvt(unsafe { libc::socketpair(libc::AF_UNIX, kind, 0, fds.as_mut_ptr()) })?;
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?)
 }
 
 /// Control-message buffer, aligned for `cmsghdr`.
 #[repr(C, align(8))]
-struct Control([u8; 64]);
+struct Control([MaybeUninit<u8>; 64]);
+
+impl Control {
+    fn new() -> Control {
+        Control([MaybeUninit::uninit(); 64])
+    }
+}
 
 /// Sends one message with `fds` attached; never raises SIGPIPE.
 pub fn send(fd: BorrowedFd, data: &[u8], fds: &[BorrowedFd]) -> io::Result<()> {
     if fds.len() > MAX_FDS {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
     }
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    let mut control = Control([0; 64]);
-    // SAFETY: msghdr is plain data; the pointers set below outlive the call,
-    // and the cmsg header and payload fit in `control` (checked by MAX_FDS).
-    unsafe {
-        let mut msg: libc::msghdr = zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if !fds.is_empty() {
-            let size = (fds.len() * size_of::<libc::c_int>()) as u32;
-            msg.msg_control = control.0.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(size) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(size) as _;
-            let p = libc::CMSG_DATA(c) as *mut libc::c_int;
-            for (i, f) in fds.iter().enumerate() {
-                p.add(i).write_unaligned(f.as_raw_fd());
-            }
-        }
-        loop {
-            let n = libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
-            if n >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+    let mut control = Control::new();
+    let mut ancillary = SendAncillaryBuffer::new(&mut control.0);
+    if !fds.is_empty() && !ancillary.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "too many fds"));
     }
+    retry(|| net::sendmsg(fd, &[IoSlice::new(data)], &mut ancillary, SendFlags::NOSIGNAL))?;
+    Ok(())
 }
 
 /// Receives one message; `None` when the peer closed the connection.
 pub fn recv(fd: BorrowedFd) -> io::Result<Option<Received>> {
     let mut data = vec![0u8; MAX_MESSAGE];
-    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: data.len() };
-    let mut control = Control([0; 64]);
+    let mut control = Control::new();
+    let mut ancillary = RecvAncillaryBuffer::new(&mut control.0);
+    let msg = retry(|| net::recvmsg(fd, &mut [IoSliceMut::new(&mut data)], &mut ancillary, RecvFlags::CMSG_CLOEXEC))?;
+    // Every descriptor the kernel installed is taken; the rest of the
+    // buffer's messages (none expected) are dropped with it.
     let mut fds = Vec::new();
-    // SAFETY: msghdr is plain data; the buffers outlive the call, and every
-    // descriptor the kernel installed is taken into an OwnedFd exactly once.
-    let (n, flags) = unsafe {
-        let mut msg: libc::msghdr = zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.0.as_mut_ptr().cast();
-        msg.msg_controllen = size_of_val(&control.0) as _;
-        let n = loop {
-            let n = libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
-            if n >= 0 {
-                break n as usize;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        };
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let p = libc::CMSG_DATA(c) as *const libc::c_int;
-                for i in 0..bytes / size_of::<libc::c_int>() {
-                    fds.push(OwnedFd::from_raw_fd(p.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
+    for m in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = m {
+            fds.extend(received);
         }
-        (n, msg.msg_flags)
-    };
-    if n == 0 && fds.is_empty() {
+    }
+    if msg.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }
-    data.truncate(n);
-    let truncated = flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+    data.truncate(msg.bytes.min(MAX_MESSAGE));
+    let truncated = msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC);
     Ok(Some(Received { data, fds, truncated }))
 }
 
@@ -249,16 +202,17 @@ pub fn wait_readable_unless(
                 left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             }
         };
-        let cancel_fd = cancel.map_or(-1, |c| c.as_raw_fd());
-        let mut p = [fd.as_raw_fd(), cancel_fd].map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-        // SAFETY: two valid pollfds (a negative fd is ignored).
-        match cvt(unsafe { libc::poll(p.as_mut_ptr(), 2, ms) }) {
+        let timeout =
+            (ms >= 0).then(|| Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 });
+        let mut p = [fd, cancel.unwrap_or(fd)].map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN));
+        let watched = if cancel.is_some() { 2 } else { 1 };
+        match rustix::event::poll(&mut p[..watched], timeout.as_ref()) {
             Ok(0) if ms == 0 => return Ok(Readiness::TimedOut),
             Ok(0) => continue,
-            Ok(_) if p[1].revents != 0 => return Ok(Readiness::Cancelled),
+            Ok(_) if watched == 2 && !p[1].revents().is_empty() => return Ok(Readiness::Cancelled),
             Ok(_) => return Ok(Readiness::Readable),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }

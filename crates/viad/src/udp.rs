@@ -2,7 +2,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 /// A non-blocking UDP socket bound to the CM port: `[::]` dual-stack, or
 /// `0.0.0.0` where IPv6 is unavailable.
@@ -188,39 +188,12 @@ pub fn canonical(src: SocketAddr) -> SocketAddr {
 
 /// A dual-stack `[::]:port` socket.
 fn bind6(port: u16) -> io::Result<UdpSocket> {
-    let kind = libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-    // SAFETY: plain syscalls; the fd is owned from here on, and `sa` is a
-    // valid sockaddr_in6 of the size passed.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET6, kind, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let off: libc::c_int = 0;
-        if libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_V6ONLY,
-            (&off as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
-        sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-        sa.sin6_port = port.to_be();
-        if libc::bind(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            (&sa as *const libc::sockaddr_in6).cast(),
-            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-        ) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(UdpSocket::from(fd))
-    }
+    use socket2::{Domain, Socket, Type};
+    // Close-on-exec, as socket2 makes every socket.
+    let sock = Socket::new(Domain::IPV6, Type::DGRAM.nonblocking(), None)?;
+    sock.set_only_v6(false)?;
+    sock.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+    Ok(sock.into())
 }
 
 #[cfg(test)]

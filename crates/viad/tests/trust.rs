@@ -320,9 +320,12 @@ fn only_root_or_the_owner_may_stop_the_agent() {
     }
 }
 
-/// A seccomp filter that fails `getrandom` with ENOSYS and allows the rest
-/// (native system calls only: enough for a test).
-fn no_getrandom(cmd: &mut Command) {
+/// Takes the OS random source away from the command: a seccomp filter
+/// fails `getrandom` with ENOSYS (native system calls only: enough for a
+/// test), and in a mount namespace of its own `/dev/random` and
+/// `/dev/urandom`, where a process without the system call reads instead,
+/// are `/dev/null`.
+fn no_random_source(cmd: &mut Command) {
     let code = |c: u32| c as u16;
     let filter = [
         // A = the system call number.
@@ -341,10 +344,25 @@ fn no_getrandom(cmd: &mut Command) {
         },
         libc::sock_filter { code: code(libc::BPF_RET | libc::BPF_K), jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
     ];
-    // SAFETY: only prctl between fork and exec; `filter` outlives the
-    // closure, which owns it.
+    // SAFETY: only unshare, mount and prctl between fork and exec, on
+    // static strings; `filter` outlives the closure, which owns it.
     unsafe {
         cmd.pre_exec(move || {
+            let null = c"/dev/null".as_ptr();
+            let ok = libc::unshare(libc::CLONE_NEWNS) == 0
+                && libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) == 0
+                && [c"/dev/random", c"/dev/urandom"]
+                    .iter()
+                    .all(|dev| libc::mount(null, dev.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) == 0);
+            if !ok {
+                return Err(std::io::Error::last_os_error());
+            }
             let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut _ };
             let ok = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
                 && libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const libc::sock_fprog) == 0;
@@ -364,7 +382,7 @@ fn the_agent_refuses_to_start_without_the_os_random_source() {
     let socket = name("norandom");
     let mut cmd = Command::new(VIAD);
     cmd.args(["--socket", &socket, "--idle-timeout", "0", "--cm-port", "0"]).stderr(Stdio::piped());
-    no_getrandom(&mut cmd);
+    no_random_source(&mut cmd);
     let mut child = cmd.spawn().unwrap();
     let deadline = Instant::now() + 5 * SECOND;
     let status = loop {

@@ -185,20 +185,11 @@ impl Mapping {
     /// `len` bytes (rounded up to pages), zeroed and populated.
     pub fn new(len: usize) -> Result<Mapping> {
         let len = len.max(1).div_ceil(4096) * 4096;
-        // SAFETY: an anonymous private mapping; checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::new(format!("mmap of {len} bytes: {}", std::io::Error::last_os_error())));
-        }
+        use rustix::mm::{mmap_anonymous, MapFlags, ProtFlags};
+        let prot = ProtFlags::READ | ProtFlags::WRITE;
+        // SAFETY: a fresh anonymous private mapping at an address the kernel picks.
+        let ptr = unsafe { mmap_anonymous(std::ptr::null_mut(), len, prot, MapFlags::PRIVATE | MapFlags::POPULATE) }
+            .map_err(|e| Error::new(format!("mmap of {len} bytes: {}", std::io::Error::from(e))))?;
         Ok(Mapping { ptr: ptr as *mut u8, len })
     }
     /// The first byte.
@@ -217,8 +208,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `new` mapped.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // SAFETY: unmaps exactly what `new` mapped, unused once this is dropped.
+        let _ = unsafe { rustix::mm::munmap(self.ptr as *mut std::ffi::c_void, self.len) };
     }
 }
 
@@ -240,23 +231,19 @@ pub fn round_up(n: usize, to: usize) -> usize {
 
 /// `futex(FUTEX_WAIT)` on a word shared between processes.
 pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32, timeout: Duration) {
-    let ts =
-        libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
-    // SAFETY: the word lives in mapped memory for the duration of the call.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec);
-    }
+    use rustix::thread::futex;
+    let ts = futex::Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: i64::from(timeout.subsec_nanos()) };
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
 }
 
 /// `futex(FUTEX_WAKE)` of every waiter on a shared word.
 pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
-    // SAFETY: as for futex_wait.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
-    }
+    use rustix::thread::futex;
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
 }
 
-/// Sets an `int` socket option.
+/// Sets an `int` socket option that socket2 and rustix have no call for
+/// (those of packet sockets, `UDP_GRO`).
 pub fn set_int_option(
     socket: &impl std::os::fd::AsRawFd,
     level: libc::c_int,
@@ -294,12 +281,14 @@ pub fn set_option<T>(
 /// Sets SO_SNDBUF and SO_RCVBUF to `bytes`: with the `FORCE` options where
 /// the process may exceed the system's maximum (`net.core.*mem_max`), else
 /// the plain ones, which the kernel caps.
-pub fn set_socket_buffers(socket: &impl std::os::fd::AsRawFd, bytes: u32) -> std::io::Result<()> {
-    let value = bytes.min(i32::MAX as u32 / 2) as libc::c_int;
-    for (force, plain) in [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF)] {
-        if set_int_option(socket, libc::SOL_SOCKET, force, value).is_err() {
-            set_int_option(socket, libc::SOL_SOCKET, plain, value)?;
-        }
+pub fn set_socket_buffers(socket: &impl std::os::fd::AsFd, bytes: u32) -> std::io::Result<()> {
+    use rustix::net::sockopt;
+    let value = bytes.min(i32::MAX as u32 / 2) as usize;
+    if sockopt::set_socket_send_buffer_size_force(socket, value).is_err() {
+        sockopt::set_socket_send_buffer_size(socket, value)?;
+    }
+    if sockopt::set_socket_recv_buffer_size_force(socket, value).is_err() {
+        sockopt::set_socket_recv_buffer_size(socket, value)?;
     }
     Ok(())
 }

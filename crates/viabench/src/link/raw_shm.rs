@@ -11,7 +11,6 @@ use super::{futex_wait, futex_wake, round_up, Deadline, Link, LinkServer, LinkSt
 use crate::error::{Error, Result};
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
-use std::ffi::CString;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -60,36 +59,23 @@ fn geometry(spec: &TestSpec) -> (usize, usize, usize) {
 }
 
 fn map(path: &str, len: usize, create: bool) -> Result<*mut u8> {
-    let cpath = CString::new(path).map_err(|_| Error::new("bad path"))?;
-    let flags = libc::O_RDWR | libc::O_CLOEXEC | if create { libc::O_CREAT | libc::O_EXCL } else { 0 };
-    // SAFETY: plain syscalls on a path we own; results checked.
-    unsafe {
-        let fd = libc::open(cpath.as_ptr(), flags, 0o600);
-        if fd < 0 {
-            return Err(Error::new(format!(
-                "{path}: {} (raw-shm needs both sides on one host)",
-                std::io::Error::last_os_error()
-            )));
-        }
-        if create && libc::ftruncate(fd, len as libc::off_t) != 0 {
-            let e = std::io::Error::last_os_error();
-            libc::close(fd);
-            return Err(Error::new(format!("{path}: {e}")));
-        }
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            fd,
-            0,
-        );
-        libc::close(fd);
-        if p == libc::MAP_FAILED {
-            return Err(Error::new(format!("mmap {path}: {}", std::io::Error::last_os_error())));
-        }
-        Ok(p as *mut u8)
+    use rustix::fs::{self, Mode, OFlags};
+    use rustix::mm::{self, MapFlags, ProtFlags};
+    if path.contains('\0') {
+        return Err(Error::new("bad path"));
     }
+    let flags = OFlags::RDWR | OFlags::CLOEXEC | if create { OFlags::CREATE | OFlags::EXCL } else { OFlags::empty() };
+    let fd = fs::open(path, flags, Mode::from_raw_mode(0o600)).map_err(|e| {
+        Error::new(format!("{path}: {} (raw-shm needs both sides on one host)", std::io::Error::from(e)))
+    })?;
+    if create {
+        fs::ftruncate(&fd, len as u64).map_err(|e| Error::new(format!("{path}: {}", std::io::Error::from(e))))?;
+    }
+    let prot = ProtFlags::READ | ProtFlags::WRITE;
+    // SAFETY: a fresh shared mapping of the file at an address the kernel picks.
+    let p = unsafe { mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED | MapFlags::POPULATE, &fd, 0) }
+        .map_err(|e| Error::new(format!("mmap {path}: {}", std::io::Error::from(e))))?;
+    Ok(p as *mut u8)
 }
 
 impl ShmLink {
@@ -178,8 +164,8 @@ impl ShmLink {
 
 impl Drop for ShmLink {
     fn drop(&mut self) {
-        // SAFETY: unmaps what `map` mapped.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+        // SAFETY: unmaps what `map` mapped, unused once the link is dropped.
+        let _ = unsafe { rustix::mm::munmap(self.base as *mut std::ffi::c_void, self.len) };
         if let Some(p) = self.path.take() {
             let _ = std::fs::remove_file(p);
         }

@@ -20,9 +20,6 @@ const MAX_DATAGRAM: usize = 65507;
 const MAX_READ: usize = 65535;
 /// Most datagrams in one segmentation-offload buffer.
 const GSO_MAX_SEGMENTS: usize = 64;
-/// `UDP_SEGMENT` and `UDP_GRO` of linux/udp.h.
-const UDP_SEGMENT: libc::c_int = 103;
-const UDP_GRO: libc::c_int = 104;
 
 /// A UDP socket connected to the peer's.
 pub struct UdpLink {
@@ -56,7 +53,7 @@ impl UdpLink {
         let payload = spec.segment.map(|s| s as usize).unwrap_or_else(|| udp_payload(&spec.device)).min(MAX_DATAGRAM);
         let cap = spec.max_block.max(ACK_BYTES);
         // Coalesced receives where the kernel has them; single datagrams otherwise.
-        let _ = set_int_option(&sock, libc::SOL_UDP, UDP_GRO, 1);
+        let _ = set_int_option(&sock, libc::SOL_UDP, libc::UDP_GRO, 1);
         Ok(UdpLink {
             sock,
             wait: spec.wait,
@@ -99,7 +96,7 @@ fn send_segmented(sock: &UdpSocket, data: &[u8], segment: u16) -> std::io::Resul
         h.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) as _;
         let c = libc::CMSG_FIRSTHDR(&h);
         (*c).cmsg_level = libc::SOL_UDP;
-        (*c).cmsg_type = UDP_SEGMENT;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
         (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, segment);
         libc::sendmsg(sock.as_raw_fd(), &h, 0)
@@ -224,7 +221,7 @@ mod tests {
     #[test]
     fn datagrams_coalesced_past_a_block_begin_the_next() {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        set_int_option(&sock, libc::SOL_UDP, UDP_GRO, 1).expect("UDP_GRO");
+        set_int_option(&sock, libc::SOL_UDP, libc::UDP_GRO, 1).expect("UDP_GRO");
         sock.set_nonblocking(true).unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         tx.connect(sock.local_addr().unwrap()).unwrap();

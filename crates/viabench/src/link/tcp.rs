@@ -8,7 +8,7 @@ use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 /// The server's listening socket for the data connection.
@@ -165,7 +165,7 @@ impl Link for TcpLink {
 }
 
 /// [`set_socket_buffers`], with an error that says what failed.
-fn set_buffers(socket: &impl AsRawFd, bytes: u32) -> Result<()> {
+fn set_buffers(socket: &impl AsFd, bytes: u32) -> Result<()> {
     set_socket_buffers(socket, bytes).map_err(|e| Error::new(format!("setting TCP socket buffers to {bytes}: {e}")))
 }
 
