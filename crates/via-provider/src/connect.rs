@@ -33,7 +33,7 @@ use via_shm::inbox::Inbox;
 use via_shm::region::SharedRegion;
 use via_shm::table::TableSegment;
 use via_wire::cm::CmEndpoint;
-use viad::client::{self, AgentError, ConnFds, Request};
+use viad_client::client::{self, AgentError, ConnFds, Request};
 
 /// An established (or being established) connection.
 pub struct Conn {

@@ -190,13 +190,13 @@ impl Drop for EtherSocket {
 /// The interface that holds `ip`: its index, Ethernet address and MTU.
 fn interface_of(ip: Ipv4Addr) -> std::io::Result<(i32, [u8; MAC_LEN], usize)> {
     let missing = || std::io::Error::new(std::io::ErrorKind::NotFound, "no Ethernet interface holds the address");
-    let interface = viad::netif::interfaces()?
+    let interface = viad_client::netif::interfaces()?
         .into_iter()
         .find(|i| !i.is_loopback() && i.ipv4().any(|a| a == ip))
         .ok_or_else(missing)?;
     let mac = interface.mac.ok_or_else(missing)?;
     let index = i32::try_from(interface.index).ok().filter(|&i| i > 0).ok_or_else(missing)?;
-    let mtu = viad::netif::mtu(&interface.name).map_or(1500, |m| m as usize);
+    let mtu = viad_client::netif::mtu(&interface.name).map_or(1500, |m| m as usize);
     Ok((index, mac, mtu))
 }
 

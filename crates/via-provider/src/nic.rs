@@ -65,8 +65,8 @@ pub struct Nic {
     /// This NIC's handle.
     pub handle: Handle,
     /// The device, as the host agent resolved it.
-    pub device: viad::client::DeviceInfo,
-    _session: viad::client::Session,
+    pub device: viad_client::client::DeviceInfo,
+    _session: viad_client::client::Session,
     /// Registered memory, its table published in `table`.
     pub registry: Registry,
     /// The completions this process's own threads make, one queue per CQ
@@ -117,24 +117,24 @@ impl Nic {
         }
         crate::timeout::check_cpus();
         // The program's own aliases (VIA_DEVICE_ALIASES) are resolved here,
-        // the agent's aliases file by the agent (viad::aliases).
-        let aliases = viad::aliases::Aliases::from_env().map_err(|why| {
+        // the agent's aliases file by the agent (viad_client::aliases).
+        let aliases = viad_client::aliases::Aliases::from_env().map_err(|why| {
             tracing::error!("VipOpenNic({device:?}): {why}");
             ViaError::InvalidParameter
         })?;
         let alias = aliases.lookup(device);
         let asked = alias.map_or(device, |a| a.device.as_str());
-        if asked.len() > viad::aliases::MAX_NAME {
+        if asked.len() > viad_client::aliases::MAX_NAME {
             tracing::error!("VipOpenNic: a device name of {} bytes: no device has one", asked.len());
             return Err(ViaError::InvalidParameter);
         }
         let counters = crate::counters::Counters::new(asked.trim_start_matches("/dev/"));
         let opened = match counters.page() {
-            Some(page) => viad::client::Session::open_with_stats(asked, page.fd()),
-            None => viad::client::Session::open(asked),
+            Some(page) => viad_client::client::Session::open_with_stats(asked, page.fd()),
+            None => viad_client::client::Session::open(asked),
         };
         let (session, info) = opened.map_err(|e| match e {
-            viad::client::AgentError::UnknownDevice(why) => {
+            viad_client::client::AgentError::UnknownDevice(why) => {
                 // The application sees only VIP_INVALID_PARAMETER: say why,
                 // and which names would do, at the default log level.
                 let via = alias.map(|a| format!("alias of {} ({}): ", a.device, a.origin)).unwrap_or_default();

@@ -65,7 +65,7 @@ pub fn settings() -> Vec<Setting> {
         s(
             "VIA_AGENT_SOCKET",
             "libvipl, viad",
-            viad::client::DEFAULT_SOCKET.into(),
+            viad_client::client::DEFAULT_SOCKET.into(),
             "abstract socket name of the host agent",
         ),
         s(
@@ -82,7 +82,7 @@ pub fn settings() -> Vec<Setting> {
             "UDP port of the connection managers (0: this host only)",
         ),
         s("VIA_DEVICE_ALIASES", "libvipl", String::new(), "device aliases NAME=TARGET,... resolved by the library"),
-        s("VIA_DEVICES_FILE", "viad", viad::aliases::DEFAULT_FILE.into(), "the aliases file the agent reads"),
+        s("VIA_DEVICES_FILE", "viad", viad_client::aliases::DEFAULT_FILE.into(), "the aliases file the agent reads"),
         s("VIA_DOORBELL", "libvipl", d("doorbell"), "how a send reaches its executor: direct, d1, d2"),
         s("VIA_CQ", "libvipl", d("cq"), "completion queue implementation: cq1, cq2"),
         s("VIA_INLINE_MAX", "libvipl", d("inline_max"), "largest send copied inline into the ring (bytes)"),
@@ -120,7 +120,7 @@ pub fn check(name: &str, value: &str) -> Option<String> {
         "VIA_CM_PORT" => value.parse::<u16>().err().map(|_| "expected a port number (viad refuses to start)".into()),
         "VIA_VIAD_IDLE" => value.parse::<u64>().err().map(|_| "expected seconds (ignored)".into()),
         "VIA_DEVICE_ALIASES" => {
-            viad::aliases::Aliases::parse_env(value).err().map(|why| format!("{why} (VipOpenNic fails)"))
+            viad_client::aliases::Aliases::parse_env(value).err().map(|why| format!("{why} (VipOpenNic fails)"))
         }
         _ => None,
     }

@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 
 use via_wire::cm::{CmEndpoint, CmMessage};
 
+pub use viad_client::proto::{ANSWER_GIVE_UP, TAKEN_GRACE};
+
 /// Spacing of the first copies of a request or an answer.
 pub const FAST_INTERVAL: Duration = Duration::from_millis(100);
 /// Spacing of the copies after the first [`FAST_COPIES`], or once acknowledged.
@@ -50,8 +52,6 @@ pub const SLOW_INTERVAL: Duration = Duration::from_millis(500);
 pub const FAST_COPIES: u32 = 10;
 /// A held request expires this long after its last copy arrived.
 pub const HOLD_TIME: Duration = Duration::from_secs(2);
-/// An answer nobody acknowledges is given up after this long.
-pub const ANSWER_GIVE_UP: Duration = Duration::from_secs(5);
 /// How long a requester remembers how its requests ended.
 pub const FINISHED_MEMORY: Duration = Duration::from_secs(10);
 /// Most requests from other agents held at once; more are refused (`NoMatch`).
@@ -59,10 +59,6 @@ pub const MAX_HELD: usize = 4096;
 /// A host that answered (a CM message, or "port unreachable") counts as up
 /// for this long: a request to it that nobody takes ends as `NoMatch`.
 pub const HOST_MEMORY: Duration = Duration::from_secs(30);
-/// How long past its deadline a request that a listener took waits for that
-/// listener's answer: the listener's agent gives it at most its answer time
-/// (5 s), and its answer needs a round trip.
-pub const TAKEN_GRACE: Duration = Duration::from_secs(6);
 /// Most withdrawals in flight at once; more go out once, unrepeated.
 pub const MAX_WITHDRAWING: usize = 4096;
 

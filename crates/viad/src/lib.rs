@@ -14,12 +14,8 @@
 #![warn(missing_docs)]
 
 pub mod agent;
-pub mod aliases;
-pub mod client;
 pub mod cm;
-pub mod device;
-mod launch;
-pub mod netif;
-pub mod proto;
-pub mod sock;
 mod udp;
+
+// The protocol, the client and the host facts, shared with VIA processes.
+pub use viad_client::{aliases, client, device, netif, proto, sock};

@@ -6,9 +6,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use viad::aliases::{self, Aliases, Origin};
-use viad::client::{Agent, AgentError};
-use viad::{device, netif};
+use viad_client::aliases::{self, Aliases, Origin};
+use viad_client::client::{Agent, AgentError};
+use viad_client::{device, netif};
 
 /// The shared library's name for the dynamic linker (`crates/vipl/build.rs`).
 pub const SONAME: &str = "libvipl.so.1";
@@ -265,7 +265,7 @@ fn aliases_file(file: &Result<Aliases, String>) -> AliasesFile {
 }
 
 fn agent(socket: Option<&str>, keep_counters: bool) -> AgentInfo {
-    let socket = socket.map_or_else(viad::client::socket_name, str::to_string);
+    let socket = socket.map_or_else(viad_client::client::socket_name, str::to_string);
     let mut info = AgentInfo { socket: socket.clone(), ..AgentInfo::default() };
     let counters = match Agent::with_socket(&socket).stats() {
         Ok(c) => c.into_iter().collect::<BTreeMap<_, _>>(),

@@ -194,7 +194,7 @@ pub unsafe extern "C" fn VipQuerySystemManagementInfo(nic: VIP_PVOID, info: c_ul
             return Err(ViaError::InvalidParameter);
         }
         let list = &mut *(out as *mut VIP_AUTODISCOVERY_LIST);
-        let hosts = viad::client::local_host_addrs();
+        let hosts = viad_client::client::local_host_addrs();
         let room = list.NumAdAddrs as usize;
         if room > 0 {
             need(list.ADAddrArray)?;

@@ -4,7 +4,16 @@
 //! then the fields in order.  Integers are little-endian, byte strings carry a
 //! 16-bit length.  File descriptors travel beside the message (`SCM_RIGHTS`).
 
+use std::time::Duration;
+
 use thiserror::Error;
+
+/// An answer nobody acknowledges is given up after this long.
+pub const ANSWER_GIVE_UP: Duration = Duration::from_secs(5);
+/// How long past its deadline a request that a listener took waits for that
+/// listener's answer: the listener's agent gives it at most its answer time
+/// (5 s), and its answer needs a round trip.
+pub const TAKEN_GRACE: Duration = Duration::from_secs(6);
 
 /// Protocol version carried in the first byte of every message.
 ///

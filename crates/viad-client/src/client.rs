@@ -51,7 +51,7 @@ use via_wire::cm::{CmEndpoint, CmMessage};
 pub use crate::device::{local_host_addrs, DeviceInfo};
 pub use crate::proto::Side;
 use crate::proto::{ConnectReq, ErrorKind, ListenReq, Reply, Request as ProtoRequest, FOREVER};
-use crate::{cm, launch, sock};
+use crate::{launch, proto, sock};
 
 /// Abstract socket name of the agent unless `VIA_AGENT_SOCKET` says otherwise.
 pub const DEFAULT_SOCKET: &str = "openvia-viad";
@@ -202,7 +202,7 @@ impl Responder {
     }
 
     fn answer(self, req: ProtoRequest) -> Result<(), AgentError> {
-        let wait = cm::ANSWER_GIVE_UP + REPLY_GRACE;
+        let wait = proto::ANSWER_GIVE_UP + REPLY_GRACE;
         match exchange(&self.conn, &req, &[], None, Some(wait))?.0 {
             Reply::Done => Ok(()),
             Reply::NoMatch => Err(AgentError::NoMatch),
@@ -449,8 +449,8 @@ impl Agent {
 
     fn rendezvous(&self, req: ProtoRequest, bell: BorrowedFd, timeout: Duration) -> Result<Matched, AgentError> {
         // The agent may wait past the timeout for a listener that took the
-        // request (`cm::TAKEN_GRACE`).
-        let wait = timeout.checked_add(cm::TAKEN_GRACE + REPLY_GRACE);
+        // request (`proto::TAKEN_GRACE`).
+        let wait = timeout.checked_add(proto::TAKEN_GRACE + REPLY_GRACE);
         let (_, reply, fds) = self.call(&req, &[bell], wait, self.autostart)?;
         let (side, remote_info, remote) = match reply {
             Reply::Matched { remote_info, remote } if matches!(req, ProtoRequest::Connect(_)) => {
