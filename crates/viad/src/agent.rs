@@ -1245,8 +1245,8 @@ impl Agent {
                 }
             }
             CmMessage::Ack { id } => {
-                self.cm.outgoing_acked(id);
-                self.cm.withdrawal_acked(id);
+                self.cm.outgoing_acked(id, src);
+                self.cm.withdrawal_acked(id, src);
                 if let Some(Some(waiter)) = self.cm.answer_acked((src, id)) {
                     self.answer_acked(waiter, (src, id));
                 }
@@ -1260,7 +1260,7 @@ impl Agent {
                 }
                 self.send_udp(src, &wire(&CmMessage::Ack { id }));
             }
-            CmMessage::Taken { id } => self.cm.outgoing_taken(id, now),
+            CmMessage::Taken { id } => self.cm.outgoing_taken(id, src, now),
             CmMessage::KeepAlive { nonce } => self.send_udp(src, &wire(&CmMessage::KeepAliveReply { nonce })),
             CmMessage::KeepAliveReply { .. } => {}
         }

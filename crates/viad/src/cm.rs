@@ -343,9 +343,10 @@ impl Cm {
         Some((id, datagram))
     }
 
-    /// The remote agent acknowledged request `id`: it holds it.
-    pub fn outgoing_acked(&mut self, id: u64) {
-        if let Some(o) = self.outgoing.get_mut(&id) {
+    /// The remote agent at `from` acknowledged request `id`: it holds it.
+    /// Only the agent the request went to can say so.
+    pub fn outgoing_acked(&mut self, id: u64, from: SocketAddr) {
+        if let Some(o) = self.outgoing.get_mut(&id).filter(|o| o.dest == from) {
             if !o.acked {
                 o.acked = true;
                 o.tx.slow_down();
@@ -355,9 +356,10 @@ impl Cm {
 
     /// A listener at the remote agent took request `id`: it waits for that
     /// listener's answer up to [`TAKEN_GRACE`] from now, past its deadline.
-    pub fn outgoing_taken(&mut self, id: u64, now: Instant) {
-        self.outgoing_acked(id);
-        if let Some(o) = self.outgoing.get_mut(&id) {
+    /// Only the agent the request went to can say so.
+    pub fn outgoing_taken(&mut self, id: u64, from: SocketAddr, now: Instant) {
+        self.outgoing_acked(id, from);
+        if let Some(o) = self.outgoing.get_mut(&id).filter(|o| o.dest == from) {
             o.taken_until = Some(now + TAKEN_GRACE);
         }
     }
@@ -402,8 +404,10 @@ impl Cm {
 
     /// The remote agent acknowledged the withdrawal of `id` (or an `Ack` of
     /// the request itself crossed it: the request expires there anyway).
-    pub fn withdrawal_acked(&mut self, id: u64) {
-        self.withdrawing.remove(&id);
+    pub fn withdrawal_acked(&mut self, id: u64, from: SocketAddr) {
+        if self.withdrawing.get(&id).is_some_and(|w| w.dest == from) {
+            self.withdrawing.remove(&id);
+        }
     }
 
     /// Ends request `id`; remembers `outcome`, if any, for re-acknowledging.
@@ -670,8 +674,8 @@ mod tests {
         let deadline = Some(t0 + ms(2000));
         let (id, _) = cm.start(3, dest, |_| Some(vec![1]), deadline, t0).unwrap();
         assert_eq!(sends(&cm.poll(t0 + ms(100))), 1);
-        cm.outgoing_acked(id);
-        cm.outgoing_acked(id);
+        cm.outgoing_acked(id, dest);
+        cm.outgoing_acked(id, dest);
         // The copy due at 200 ms moves to 600 ms.
         let at = copy_times(&mut cm, t0 + ms(101), 1898);
         assert_eq!(at, vec![499, 999, 1499]);
@@ -683,7 +687,7 @@ mod tests {
         assert!(cm.outgoing.is_empty());
         // The withdrawal goes on until acknowledged.
         assert!(cm.busy());
-        cm.withdrawal_acked(id);
+        cm.withdrawal_acked(id, dest);
         assert!(!cm.busy());
         assert_eq!((cm.stats.no_match, cm.stats.unreachable), (1, 0));
     }
@@ -846,7 +850,7 @@ mod tests {
         let mut cm = Cm::new(1);
         let dest: SocketAddr = "10.0.0.2:60".parse().unwrap();
         let (id, _) = cm.start(1, dest, |_| Some(vec![1]), Some(t0 + ms(1000)), t0).unwrap();
-        cm.outgoing_taken(id, t0 + ms(900));
+        cm.outgoing_taken(id, dest, t0 + ms(900));
         assert!(cm.outgoing[&id].acked);
         assert_eq!(cm.next_deadline().map(|d| d > t0 + ms(1000)), Some(false), "copies still go out");
         let ends = t0 + ms(900) + TAKEN_GRACE;
@@ -858,7 +862,7 @@ mod tests {
         assert!(cm.poll(ends).contains(&Event::TimedOut { token: 1, answered: true }));
         // Taken before the deadline changes nothing: the deadline stays.
         let (id, _) = cm.start(2, dest, |_| Some(vec![1]), Some(ends + TAKEN_GRACE * 2), ends).unwrap();
-        cm.outgoing_taken(id, ends);
+        cm.outgoing_taken(id, dest, ends);
         assert_eq!(cm.outgoing[&id].ends_at(), Some(ends + TAKEN_GRACE * 2));
     }
 
