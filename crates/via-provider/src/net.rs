@@ -47,23 +47,6 @@ pub(crate) const MAX_DATAGRAM: usize = 65507;
 const IP4_UDP_HEADERS: usize = 28;
 const IP6_UDP_HEADERS: usize = 48;
 
-/// `VIA_GSO`: whether ports use UDP segmentation offload and receive
-/// coalescing (`1`, the default) or one system-call slot per datagram
-/// (`0`).  Read when a port opens.
-pub fn gso_setting() -> bool {
-    match std::env::var("VIA_GSO") {
-        Ok(v) => match v.as_str() {
-            "0" | "off" | "no" => false,
-            "1" | "on" | "yes" | "" => true,
-            other => {
-                tracing::warn!("VIA_GSO={other:?}: expected 0 or 1; using 1");
-                true
-            }
-        },
-        Err(_) => true,
-    }
-}
-
 /// The UDP sockets of one NIC: one unconnected, and one connected to each
 /// peer (`peer_socket`).
 pub struct NetPort {
@@ -82,6 +65,9 @@ pub struct NetPort {
     /// Payload bytes per large packet (`takes_large_packets`): a whole
     /// number of the MTU's datagrams fills one GSO buffer.
     pub large_payload: usize,
+    /// Whether the segment size was set (`VIA_SEGMENT_SIZE`) rather than
+    /// taken from the MTU: then packets are of that size, never large.
+    fixed_segment: bool,
     /// The device's MTU: a GSO segment must fit it whole.
     mtu: usize,
     /// Whether sends may use GSO: `VIA_GSO` allows it and the kernel has
@@ -243,9 +229,10 @@ impl NetPort {
         let number = socket.local_addr().map_err(|_| ViaError::Resource)?.port();
         // Segmentation offload: sends of several packets in one buffer, and
         // datagrams that arrive coalesced (UDP_GRO).
-        let offload = gso_setting() && kernel_has_gso(&socket);
+        let offload = tuning().gso && kernel_has_gso(&socket);
         let gro = offload && set_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
-        let segment = segment_size(nic.device.mtu as usize);
+        let fixed_segment = crate::tuning::segment_size();
+        let segment = segment_size(nic.device.mtu as usize, fixed_segment);
         // Coalesced datagrams need buffers of the largest one; without
         // coalescing a buffer one byte longer than a packet tells a longer
         // datagram (truncated) from a packet.
@@ -266,6 +253,7 @@ impl NetPort {
             local6: ip6.filter(|_| dual_stack).map(|ip| SocketAddr::new(ip, number)),
             dual_stack,
             segment,
+            fixed_segment: fixed_segment.is_some(),
             large_payload: large_payload(nic.device.mtu as usize),
             mtu: nic.device.mtu as usize,
             gso: AtomicBool::new(offload),
@@ -688,7 +676,7 @@ impl NetPort {
     /// again.  It needs both offloads, and no `VIA_SEGMENT_SIZE` (which
     /// asks for packets of that size).
     pub fn takes_large_packets(&self) -> bool {
-        self.gro && self.gso.load(Ordering::Relaxed) && crate::tuning::segment_size().is_none()
+        self.gro && self.gso.load(Ordering::Relaxed) && !self.fixed_segment
     }
 
     /// The Ethernet address where this port takes frames, if it does.
@@ -935,10 +923,11 @@ fn large_payload(mtu: usize) -> usize {
     (count * datagram).min(MAX_DATAGRAM) - HEADER_LEN
 }
 
-/// Payload bytes per packet: `VIA_SEGMENT_SIZE`, or what fits the MTU.
-fn segment_size(mtu: usize) -> usize {
+/// Payload bytes per packet: the size set (`VIA_SEGMENT_SIZE`), or what
+/// fits the MTU.
+fn segment_size(mtu: usize, set: Option<usize>) -> usize {
     let from_mtu = mtu.saturating_sub(28 + HEADER_LEN).max(512);
-    crate::tuning::segment_size().unwrap_or(from_mtu).clamp(256, MAX_DATAGRAM - HEADER_LEN)
+    set.unwrap_or(from_mtu).clamp(256, MAX_DATAGRAM - HEADER_LEN)
 }
 
 /// The buffers a sent message's bytes come from, until the session says it is sent.

@@ -159,7 +159,7 @@ impl Nic {
         // declared, so dropped, before `table`.
         let registry = unsafe { Registry::in_table(table.as_ptr()) };
         let closing = Arc::new(closing_fd().map_err(|_| ViaError::Resource)?);
-        let pin = std::env::var("VIA_PIN_MEMORY").is_ok_and(|v| v == "1");
+        let pin = crate::tuning::tuning().pin_memory;
         let send_engine = crate::doorbell::SendEngine::start().map_err(|e| {
             tracing::warn!("cannot start the send engine: {e}");
             ViaError::Resource

@@ -96,8 +96,8 @@ pub fn settings() -> Vec<Setting> {
         ),
         s("VIA_PAYLOAD_CRC", "libvipl", d("payload_crc"), "CRC-32C over network payloads: on, off"),
         s("VIA_ETHERNET", "libvipl", d("ethernet"), "Ethernet frames to peers on the link: on, off"),
-        s("VIA_GSO", "libvipl", "1".into(), "UDP segmentation offload and receive coalescing: 1, 0"),
-        s("VIA_PIN_MEMORY", "libvipl", "0".into(), "1: lock registered memory (mlock)"),
+        s("VIA_GSO", "libvipl", d("gso"), "UDP segmentation offload and receive coalescing: 1, 0"),
+        s("VIA_PIN_MEMORY", "libvipl", d("pin_memory"), "1: lock registered memory (mlock)"),
         s("VIA_PROFILE", "libvipl", String::new(), "file the data path's stage timings are appended to"),
     ]
 }
@@ -106,17 +106,11 @@ pub fn settings() -> Vec<Setting> {
 pub fn check(name: &str, value: &str) -> Option<String> {
     match name {
         "VIA_DOORBELL" | "VIA_CQ" | "VIA_INLINE_MAX" | "VIA_SEGMENT_SIZE" | "VIA_RECV_BATCH" | "VIA_SPIN_US"
-        | "VIA_PAYLOAD_CRC" | "VIA_ETHERNET" => Tuning::parse(|n| (n == name).then(|| value.to_string()))
-            .err()
-            .map(|why| format!("{why} (VipOpenNic fails)")),
-        "VIA_GSO" => match value {
-            "0" | "off" | "no" | "1" | "on" | "yes" | "" => None,
-            _ => Some("expected 0 or 1 (1 is used)".into()),
-        },
-        "VIA_PIN_MEMORY" => match value {
-            "0" | "1" | "" => None,
-            _ => Some("expected 0 or 1 (0 is used)".into()),
-        },
+        | "VIA_PAYLOAD_CRC" | "VIA_ETHERNET" | "VIA_GSO" | "VIA_PIN_MEMORY" => {
+            Tuning::parse(|n| (n == name).then(|| value.to_string()))
+                .err()
+                .map(|why| format!("{why} (VipOpenNic fails)"))
+        }
         "VIA_CM_PORT" => value.parse::<u16>().err().map(|_| "expected a port number (viad refuses to start)".into()),
         "VIA_VIAD_IDLE" => value.parse::<u64>().err().map(|_| "expected seconds (ignored)".into()),
         "VIA_DEVICE_ALIASES" => {

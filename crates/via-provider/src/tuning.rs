@@ -6,6 +6,7 @@
 //! (`net`, `connect`), and the spin before sleeping (`timeout`).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 use via_shm::ring::INLINE_MAX;
@@ -48,8 +49,9 @@ pub struct Tuning {
     pub cq: CqMode,
     /// `VIA_INLINE_MAX`: sends up to this size are copied inline (0..=1024).
     pub inline_max: usize,
-    /// `VIA_SEGMENT_SIZE` at start: payload bytes per UDP packet (default: from
-    /// the MTU); connections use [`segment_size`], read when they are made.
+    /// `VIA_SEGMENT_SIZE`: payload bytes per UDP packet (default: from the
+    /// MTU, or large packets); ports use [`segment_size`], which a program
+    /// may change with [`set_segment_size`].
     pub segment_size: Option<usize>,
     /// `VIA_RECV_BATCH`: datagrams per `recvmmsg` (1..=64, default 32).
     pub recv_batch: usize,
@@ -64,6 +66,12 @@ pub struct Tuning {
     /// packets as Ethernet frames to peers on its link that take them
     /// (`ether`), where the process may open a packet socket.
     pub ethernet: bool,
+    /// `VIA_GSO`: `1` (default) or `0`.  Whether ports use UDP segmentation
+    /// offload and receive coalescing, and so large packets.
+    pub gso: bool,
+    /// `VIA_PIN_MEMORY`: `0` (default) or `1`.  `1` locks registered memory
+    /// (`mlock`).
+    pub pin_memory: bool,
     /// `VIA_PROFILE`: time the stages of the data path and append them to this file at `VipCloseNic`.
     pub profile: Option<PathBuf>,
 }
@@ -82,6 +90,8 @@ impl Default for Tuning {
             spin: Spin::Fixed(Duration::from_micros(50)),
             payload_crc: true,
             ethernet: true,
+            gso: true,
+            pin_memory: false,
             profile: None,
         }
     }
@@ -147,6 +157,20 @@ impl Tuning {
                 _ => return Err(bad("VIA_ETHERNET", &v, "on or off")),
             };
         }
+        if let Some(v) = get("VIA_GSO") {
+            t.gso = match v.as_str() {
+                "1" | "on" | "yes" | "" => true,
+                "0" | "off" | "no" => false,
+                _ => return Err(bad("VIA_GSO", &v, "1 or 0")),
+            };
+        }
+        if let Some(v) = get("VIA_PIN_MEMORY") {
+            t.pin_memory = match v.as_str() {
+                "1" => true,
+                "0" | "" => false,
+                _ => return Err(bad("VIA_PIN_MEMORY", &v, "0 or 1")),
+            };
+        }
         t.profile = get("VIA_PROFILE").filter(|v| !v.is_empty()).map(PathBuf::from);
         Ok(t)
     }
@@ -176,14 +200,34 @@ impl Tuning {
             ),
             ("payload_crc", if self.payload_crc { "on" } else { "off" }.into()),
             ("ethernet", if self.ethernet { "on" } else { "off" }.into()),
+            ("gso", if self.gso { "1" } else { "0" }.into()),
+            ("pin_memory", if self.pin_memory { "1" } else { "0" }.into()),
         ]
     }
 }
 
-/// `VIA_SEGMENT_SIZE` as it is now: read at each connection, so that a
-/// process (viabench) may change it between connections.
+/// The segment size set by [`set_segment_size`]: 0 for none, `usize::MAX`
+/// until a program sets one (then `VIA_SEGMENT_SIZE` applies).
+static SEGMENT_SIZE: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// The payload bytes per UDP packet of network ports opened from now on
+/// (`None`: from the MTU, or large packets): `VIA_SEGMENT_SIZE`, unless
+/// the program set another with [`set_segment_size`].
 pub fn segment_size() -> Option<usize> {
-    std::env::var("VIA_SEGMENT_SIZE").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0)
+    match SEGMENT_SIZE.load(Ordering::Acquire) {
+        usize::MAX => tuning().segment_size,
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// Sets the segment size of the network ports opened from now on (a NIC
+/// opens its port at its first connection to another host), in place of
+/// `VIA_SEGMENT_SIZE`: how a program that studies packet sizes, such as
+/// viabench's `--segment`, changes it between NICs.  `Some(0)` counts as
+/// `None`.
+pub fn set_segment_size(bytes: Option<usize>) {
+    SEGMENT_SIZE.store(bytes.unwrap_or(0), Ordering::Release);
 }
 
 /// The process's settings, or why the environment is wrong.
@@ -226,6 +270,8 @@ mod tests {
             ("VIA_SPIN_US", "adaptive"),
             ("VIA_PAYLOAD_CRC", "off"),
             ("VIA_ETHERNET", "off"),
+            ("VIA_GSO", "no"),
+            ("VIA_PIN_MEMORY", "1"),
             ("VIA_PROFILE", "/tmp/p.json"),
         ])
         .unwrap();
@@ -237,6 +283,7 @@ mod tests {
         assert_eq!(t.spin, Spin::Adaptive);
         assert!(!t.payload_crc);
         assert!(!t.ethernet);
+        assert!(!t.gso && t.pin_memory);
         assert_eq!(t.profile, Some(PathBuf::from("/tmp/p.json")));
         assert_eq!(parse(&[("VIA_DOORBELL", "d1")]).unwrap().doorbell, Doorbell::PerVi);
         assert_eq!(parse(&[("VIA_SPIN_US", "7")]).unwrap().spin, Spin::Fixed(Duration::from_micros(7)));
@@ -254,6 +301,8 @@ mod tests {
             ("VIA_SPIN_US", "fast"),
             ("VIA_PAYLOAD_CRC", "1"),
             ("VIA_ETHERNET", "yes"),
+            ("VIA_GSO", "2"),
+            ("VIA_PIN_MEMORY", "yes"),
         ] {
             let err = parse(&[(name, value)]).unwrap_err();
             assert!(err.contains(name), "{err}");

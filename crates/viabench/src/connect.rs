@@ -274,10 +274,7 @@ impl Drop for ConnVi {
 
 impl ViaEnd {
     fn open(spec: &TestSpec, device: &str) -> Result<ViaEnd> {
-        match spec.segment {
-            Some(s) => std::env::set_var("VIA_SEGMENT_SIZE", s.to_string()),
-            None => std::env::remove_var("VIA_SEGMENT_SIZE"),
-        }
+        vipl::set_segment_size(spec.segment.map(|s| s as usize));
         let name = CString::new(device).map_err(|_| Error::new("bad device name"))?;
         let mut end = ViaEnd {
             nic: std::ptr::null_mut(),

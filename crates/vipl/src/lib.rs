@@ -15,6 +15,10 @@ pub mod types;
 
 use types::*;
 use via_core::ViaError;
+/// For Rust programs that link the library (viabench): the UDP payload
+/// bytes per packet of network ports opened from now on, in place of
+/// `VIA_SEGMENT_SIZE`.  Not part of `vipl.h`.
+pub use via_provider::tuning::set_segment_size;
 use via_provider::ViaResult;
 
 /// `VIP_SUCCESS`.

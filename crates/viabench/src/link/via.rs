@@ -85,10 +85,7 @@ impl ViaLink {
     /// Opens the NIC, registers the memory, creates the VIs (and the CQ) and
     /// posts every receive descriptor.
     pub fn open(spec: &TestSpec, device: &str, side: Side) -> Result<ViaLink> {
-        match spec.segment {
-            Some(s) => std::env::set_var("VIA_SEGMENT_SIZE", s.to_string()),
-            None => std::env::remove_var("VIA_SEGMENT_SIZE"),
-        }
+        vipl::set_segment_size(spec.segment.map(|s| s as usize));
         let rdma = spec.mode == Mode::ViaRdma;
         let nvis = spec.vis.unwrap_or(1).max(1) as usize;
         let ring = spec.ring as usize;
