@@ -14,8 +14,10 @@ use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
 use crate::lane::Lane;
 use crate::net::{NetLink, NetPort};
+use crate::nic::error_code;
 use crate::nic::Nic;
 use crate::peer_channel::{self, Sender};
+use crate::progress;
 use crate::provider;
 use crate::timeout::Deadline;
 use crate::tuning::tuning;
@@ -61,13 +63,32 @@ pub struct Conn {
     attach: AtomicBool,
     /// The peer's endpoint.
     pub peer: Endpoint,
-    /// The helper thread's token for this connection (0: not watched).
+    /// The VI it connects.
+    pub vi: Handle,
+    /// Its token in the progress engine (0: not watched).
     pub token: std::sync::atomic::AtomicU64,
     /// The NIC's counters.
     pub counters: crate::counters::Counters,
 }
 
 impl Conn {
+    /// Has the helper thread watch the socket pair: the peer's disconnect,
+    /// break or death comes on it.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        let token = progress::register(Arc::downgrade(self) as Weak<dyn progress::Source>, false);
+        self.token.store(token, Ordering::Release);
+        progress::watch_fd(self.socket.as_fd(), token);
+    }
+
+    /// Stops watching it (before the socket is closed).
+    pub(crate) fn unwatch(&self) {
+        let token = self.token.swap(0, Ordering::AcqRel);
+        if token != 0 && progress::unregister(token) {
+            // The fd is still open (the Conn is alive).
+            progress::unwatch_fd(self.socket.as_fd());
+        }
+    }
+
     /// Sends a control message to the peer; a dead peer is not an error here.
     pub fn tell(&self, msg: PeerMessage) {
         let _ = peer_channel::send(self.socket.as_fd(), &msg, None);
@@ -180,8 +201,27 @@ impl Parts {
             peer_pid: intro.sender.pid,
             attach: AtomicBool::new(attach),
             peer,
+            vi: vi.handle,
             token: Default::default(),
             counters: vi.nic.counters.clone(),
+        }
+    }
+}
+
+/// The socket pair of a watched connection has something to say.
+impl progress::Source for Conn {
+    fn ready(&self) {
+        let code = match peer_channel::read(self.socket.as_fd()).map(|m| m.map(|m| m.msg)) {
+            Ok(Some(PeerMessage::Break(code))) => Some(code),
+            Ok(Some(PeerMessage::Disconnect)) => Some(error_code::CONN_LOST),
+            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Some(error_code::CONN_LOST),
+            _ => None,
+        };
+        if let Some(code) = code {
+            self.unwatch();
+            if let Ok(vi) = Vi::get(self.vi) {
+                vi.peer_lost(self, code);
+            }
         }
     }
 }

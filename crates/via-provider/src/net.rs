@@ -23,6 +23,7 @@ use crate::net_batch::{first_packet_len, Batch, GRO_BUFFER};
 use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use crate::nic::Nic;
 use crate::peer_socket::{bind_port, set_option, PeerSocket};
+use crate::progress;
 use crate::read_schedule::ReadSchedule;
 use crate::tuning::tuning;
 use crate::Vi;
@@ -205,6 +206,40 @@ impl Drop for PortSleep {
     }
 }
 
+/// How soon the helper thread tries again to take over a port that another
+/// thread was draining.
+const BUSY_RETRY: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// The helper thread serves a port: its sockets when the application is
+/// not polling them (`Handover`), and its sessions' timers.
+impl progress::Source for NetPort {
+    fn ready(&self) {
+        // One-shot: the report is spent, and the sockets leave the epoll
+        // set until it is armed again.  Drain now if nobody else will;
+        // otherwise `service` looks again later.
+        self.unwatch();
+        self.handover.armed.store(false, Ordering::SeqCst);
+        if self.handover.helper_drains(epoch_ns()) {
+            self.take_over();
+        }
+    }
+
+    fn service(&self, now: Instant) -> Option<Instant> {
+        let mut look_again = None;
+        if !self.handover.armed.load(Ordering::SeqCst) {
+            if !self.handover.helper_drains(epoch_ns()) {
+                let ns = self.handover.look_again_ns().saturating_sub(epoch_ns());
+                look_again = Some(now + std::time::Duration::from_nanos(ns));
+            } else if !self.take_over() {
+                look_again = Some(now + BUSY_RETRY);
+            }
+        }
+        // The sessions' timers of a port the application polls are its polls'.
+        let timers = if self.handover.app_is_polling() { None } else { self.run_timers(now) };
+        timers.into_iter().chain(look_again).min()
+    }
+}
+
 impl NetPort {
     /// Opens the port of `nic`: a dual-stack UDP socket, reached at the
     /// device's IPv4 address (and IPv6 address, if it has one); a plain IPv4
@@ -276,8 +311,30 @@ impl NetPort {
             token: AtomicU64::new(0),
             timers_due_ns: AtomicU64::new(0),
         });
-        crate::progress::watch_port(&port);
+        // The engine holds the port weakly: it serves it while it lives.
+        let token = progress::register(Arc::downgrade(&port) as Weak<dyn progress::Source>, true);
+        port.token.store(token, Ordering::Release);
+        port.handover.armed.store(true, Ordering::SeqCst);
+        port.watch(progress::epoll_fd(), token);
         Ok(port)
+    }
+
+    /// Arms the one-shot report of the sockets again (the caller has set
+    /// `armed`): a datagram already waiting is reported at once.
+    fn arm(&self) {
+        self.watch(progress::epoll_fd(), self.token.load(Ordering::Acquire));
+    }
+
+    /// The helper thread drains the sockets and arms their report again;
+    /// false if another thread is draining them (then `service` tries again
+    /// soon).
+    fn take_over(&self) -> bool {
+        if !self.poll(true) {
+            return false;
+        }
+        self.handover.armed.store(true, Ordering::SeqCst);
+        self.arm();
+        true
     }
 
     /// Puts every socket of the port in the epoll set `epoll` under
@@ -378,7 +435,7 @@ impl NetPort {
             self.timers_due_ns.fetch_min(at, Ordering::Relaxed);
         }
         if !self.handover.app_is_polling() {
-            crate::progress::kick_before(deadline);
+            progress::kick_before(deadline);
         }
     }
 
@@ -390,7 +447,7 @@ impl NetPort {
         if ns_since_epoch(now) < self.timers_due_ns.load(Ordering::Relaxed) {
             return;
         }
-        let next = self.service(now).map_or(u64::MAX, ns_since_epoch);
+        let next = self.run_timers(now).map_or(u64::MAX, ns_since_epoch);
         // The next look, at the latest QUIET_MAX from now: a timer armed
         // without `timer_before` is not missed for longer.
         let soon = ns_since_epoch(now) + QUIET_MAX.as_nanos() as u64;
@@ -402,7 +459,7 @@ impl NetPort {
     pub(crate) fn sleep(self: &Arc<Self>) -> PortSleep {
         self.handover.sleepers.fetch_add(1, Ordering::SeqCst);
         if !self.handover.armed.swap(true, Ordering::SeqCst) {
-            crate::progress::arm_port(self);
+            self.arm();
         }
         PortSleep(self.clone())
     }
@@ -657,7 +714,7 @@ impl NetPort {
     }
 
     /// Runs the timers of every VI on this port; returns the next deadline.
-    pub fn service(&self, now: Instant) -> Option<Instant> {
+    pub fn run_timers(&self, now: Instant) -> Option<Instant> {
         let vis: Vec<Arc<Vi>> = self.vis.read().values().filter_map(Weak::upgrade).collect();
         vis.iter().filter_map(|vi| vi.net_timers(now)).min()
     }

@@ -1,222 +1,195 @@
-//! The provider's helper thread.
+//! The provider's progress engine: one helper thread per process.
 //!
 //! It sleeps in `epoll` and wakes only for work the application is not
-//! doing itself: a peer that disconnects, breaks the connection or dies
-//! (its socket pair hangs up when its process exits, however it exits);
-//! packets on a network port while nobody polls it; session timers
-//! (acknowledgements, retransmissions, keep-alives); and the application's
-//! error callbacks, which it runs outside any provider lock.
+//! doing itself.  What it serves registers as a [`Source`]: a shared-memory
+//! connection (its socket pair tells of a peer that disconnects, breaks the
+//! connection or dies: it hangs up when the peer's process exits, however
+//! it exits), a network port (packets while nobody polls it, and the
+//! sessions' timers: acknowledgements, retransmissions, keep-alives).  It
+//! also runs the application's error callbacks, outside any provider lock.
+//! The engine knows nothing of connections or ports: it calls their
+//! `Source` methods.
 
-use crate::connect::Conn;
-use crate::endpoint::PeerMessage;
-use crate::handles::Handle;
-use crate::net::NetPort;
-use crate::nic::error_code;
-use crate::Vi;
 use parking_lot::Mutex;
 use rustix::event::{epoll, eventfd, EventfdFlags};
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 type Job = Box<dyn FnOnce() + Send>;
 
-struct Helper {
+/// Something the engine serves.
+pub(crate) trait Source: Send + Sync {
+    /// A file descriptor registered under its token was reported (readable
+    /// or hung up).
+    fn ready(&self);
+
+    /// Runs what is due by `now` (timed sources only); returns when the
+    /// engine should call again (`None`: only when its descriptors are
+    /// reported).
+    fn service(&self, _now: Instant) -> Option<Instant> {
+        None
+    }
+}
+
+/// A source's token: its key in the engine and its epoll data.  Tokens are
+/// never reused, so a late event of a source that went cannot reach another.
+pub(crate) type Token = u64;
+
+struct Engine {
     epoll: OwnedFd,
     wakeup: OwnedFd,
-    /// token -> (VI, connection); tokens are never reused, so a late event
-    /// of a closed connection cannot reach its successor.
-    watched: Mutex<HashMap<u64, (Handle, Weak<Conn>)>>,
+    sources: Mutex<HashMap<Token, Weak<dyn Source>>>,
+    /// The sources that asked for `service` calls.
+    timed: Mutex<Vec<(Token, Weak<dyn Source>)>>,
     next_token: AtomicU64,
     jobs: Mutex<VecDeque<Job>>,
-    /// Network ports whose sockets and timers this thread serves.
-    ports: Mutex<Vec<Weak<NetPort>>>,
     /// When the thread plans to wake next, in ns after `epoch` (u64::MAX: never).
     sleep_until: AtomicU64,
     epoch: Instant,
 }
 
-const WAKEUP_TOKEN: u64 = u64::MAX;
-/// Tokens of port sockets have this bit set; the rest is the port's index.
-const PORT_TOKEN: u64 = 1 << 62;
+const WAKEUP_TOKEN: Token = u64::MAX;
 
-fn helper() -> &'static Helper {
-    static HELPER: OnceLock<&'static Helper> = OnceLock::new();
-    HELPER.get_or_init(|| {
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<&'static Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
         let epoll = epoll::create(epoll::CreateFlags::CLOEXEC);
         let wakeup = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK);
         let (epoll, wakeup) = match (epoll, wakeup) {
             (Ok(epoll), Ok(wakeup)) => (epoll, wakeup),
             (Err(e), _) | (_, Err(e)) => panic!("epoll/eventfd: {}", std::io::Error::from(e)),
         };
-        let helper: &'static Helper = Box::leak(Box::new(Helper {
+        let engine: &'static Engine = Box::leak(Box::new(Engine {
             epoll,
             wakeup,
-            watched: Mutex::new(HashMap::new()),
+            sources: Mutex::new(HashMap::new()),
+            timed: Mutex::new(Vec::new()),
             next_token: AtomicU64::new(1),
             jobs: Mutex::new(VecDeque::new()),
-            ports: Mutex::new(Vec::new()),
             sleep_until: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
         }));
-        add(helper, helper.wakeup.as_fd(), WAKEUP_TOKEN);
+        add(&engine.epoll, engine.wakeup.as_fd(), WAKEUP_TOKEN);
         std::thread::Builder::new()
-            .name("via-progress".into())
-            .spawn(move || run(helper))
+            .name(THREAD_NAME.into())
+            .spawn(move || run(engine))
             .expect("spawn the provider helper thread");
-        helper
+        engine
     })
 }
 
-fn add(h: &Helper, fd: BorrowedFd<'_>, token: u64) {
+const THREAD_NAME: &str = "via-progress";
+
+/// Registers `source`; `timed` ones are asked for `service` on every turn
+/// of the engine.  The engine holds it weakly: a source that goes is
+/// forgotten.
+pub(crate) fn register(source: Weak<dyn Source>, timed: bool) -> Token {
+    let e = engine();
+    let token = e.next_token.fetch_add(1, Ordering::Relaxed);
+    e.sources.lock().insert(token, source.clone());
+    if timed {
+        e.timed.lock().push((token, source));
+        wake(e);
+    }
+    token
+}
+
+/// Forgets a source; false if it was not registered.  Its descriptors must
+/// leave the epoll set ([`unwatch_fd`]) before they are closed.
+pub(crate) fn unregister(token: Token) -> bool {
+    let e = engine();
+    e.timed.lock().retain(|(t, _)| *t != token);
+    e.sources.lock().remove(&token).is_some()
+}
+
+/// Reports `fd` to its source whenever it is readable or hangs up.
+pub(crate) fn watch_fd(fd: BorrowedFd<'_>, token: Token) {
+    add(&engine().epoll, fd, token);
+}
+
+fn add(epoll: &OwnedFd, fd: BorrowedFd<'_>, token: Token) {
     let events = epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::HUP;
-    let _ = epoll::add(&h.epoll, fd, epoll::EventData::new_u64(token), events);
+    let _ = epoll::add(epoll, fd, epoll::EventData::new_u64(token), events);
 }
 
-/// Starts watching a shared-memory connection of VI `vi`.
-pub fn watch(conn: &Arc<Conn>, vi: Handle) {
-    let h = helper();
-    let token = h.next_token.fetch_add(1, Ordering::Relaxed);
-    conn.token.store(token, Ordering::Release);
-    h.watched.lock().insert(token, (vi, Arc::downgrade(conn)));
-    add(h, conn.socket.as_fd(), token);
+/// Stops reporting `fd` (before it is closed).
+pub(crate) fn unwatch_fd(fd: BorrowedFd<'_>) {
+    let _ = epoll::delete(&engine().epoll, fd);
 }
 
-/// Stops watching a connection (before its socket is closed).
-pub fn unwatch(conn: &Arc<Conn>) {
-    let h = helper();
-    let token = conn.token.swap(0, Ordering::AcqRel);
-    if token != 0 && h.watched.lock().remove(&token).is_some() {
-        // The fd is still open (the Conn is alive).
-        let _ = epoll::delete(&h.epoll, &conn.socket);
-    }
+/// The engine's epoll set, for sources that report their descriptors once
+/// (`EPOLLONESHOT`) and arm them again themselves.
+pub(crate) fn epoll_fd() -> RawFd {
+    engine().epoll.as_raw_fd()
 }
 
-/// Serves a network port: its socket when the application is not polling
-/// it (`net::Handover`), and its sessions' timers.
-pub fn watch_port(port: &Arc<NetPort>) {
-    let h = helper();
-    let mut ports = h.ports.lock();
-    let index = ports.len() as u64;
-    ports.push(Arc::downgrade(port));
-    drop(ports);
-    port.token.store(PORT_TOKEN | index, Ordering::Release);
-    port.handover.armed.store(true, Ordering::SeqCst);
-    port.watch(h.epoll.as_raw_fd(), PORT_TOKEN | index);
-}
-
-/// Arms the one-shot report of a port's sockets again (the caller has set
-/// `armed`): a datagram already waiting is reported at once.
-pub fn arm_port(port: &NetPort) {
-    let h = helper();
-    port.watch(h.epoll.as_raw_fd(), port.token.load(Ordering::Acquire));
-}
-
-/// The helper thread drains a port and arms its report again; false if
-/// another thread is draining it (then `service_ports` tries again soon).
-fn take_over(port: &NetPort) -> bool {
-    if !port.poll(true) {
-        return false;
-    }
-    port.handover.armed.store(true, Ordering::SeqCst);
-    arm_port(port);
-    true
-}
-
-/// How soon the helper thread tries again to take over a port that another
-/// thread was draining.
-const BUSY_RETRY: std::time::Duration = std::time::Duration::from_micros(20);
-
-/// Makes sure the helper thread wakes by `deadline` (a session timer).
-pub fn kick_before(deadline: Instant) {
-    let h = helper();
-    let at = deadline.saturating_duration_since(h.epoch).as_nanos() as u64;
-    if at < h.sleep_until.load(Ordering::Acquire) {
-        wake(h);
+/// Makes sure the engine calls its timed sources by `deadline`.
+pub(crate) fn kick_before(deadline: Instant) {
+    let e = engine();
+    let at = deadline.saturating_duration_since(e.epoch).as_nanos() as u64;
+    if at < e.sleep_until.load(Ordering::Acquire) {
+        wake(e);
     }
 }
 
 /// True on the helper thread itself (where waiting for a callback to end
 /// would wait for ourselves).
 pub fn on_helper_thread() -> bool {
-    std::thread::current().name() == Some("via-progress")
+    std::thread::current().name() == Some(THREAD_NAME)
 }
 
 /// Runs `job` on the helper thread (error callbacks).
 pub fn defer(job: Job) {
-    let h = helper();
-    h.jobs.lock().push_back(job);
-    wake(h);
+    let e = engine();
+    e.jobs.lock().push_back(job);
+    wake(e);
 }
 
-fn wake(h: &Helper) {
-    let _ = rustix::io::write(&h.wakeup, &1u64.to_ne_bytes());
+fn wake(e: &Engine) {
+    let _ = rustix::io::write(&e.wakeup, &1u64.to_ne_bytes());
 }
 
-/// Runs the ports' timers and takes over the sockets the application has
-/// stopped polling; returns how long to sleep (None: until woken).
-fn service_ports(h: &Helper) -> Option<std::time::Duration> {
-    let ports: Vec<Arc<NetPort>> = h.ports.lock().iter().filter_map(Weak::upgrade).collect();
+/// Serves the timed sources; returns how long to sleep (None: until woken).
+fn service(e: &Engine) -> Option<Duration> {
+    let timed: Vec<Arc<dyn Source>> = e.timed.lock().iter().filter_map(|(_, s)| s.upgrade()).collect();
     let now = Instant::now();
-    let mut look_again = None;
-    for port in ports.iter().filter(|p| !p.handover.armed.load(Ordering::SeqCst)) {
-        let at = if !port.handover.helper_drains(crate::net::epoch_ns()) {
-            let ns = port.handover.look_again_ns().saturating_sub(crate::net::epoch_ns());
-            now + std::time::Duration::from_nanos(ns)
-        } else if take_over(port) {
-            continue;
-        } else {
-            now + BUSY_RETRY
-        };
-        look_again = Some(look_again.map_or(at, |t: Instant| t.min(at)));
-    }
-    // The sessions' timers of a port the application polls are its polls'.
-    let timers = ports.iter().filter(|p| !p.handover.app_is_polling()).filter_map(|p| p.service(now));
-    match timers.chain(look_again).min() {
+    match timed.iter().filter_map(|s| s.service(now)).min() {
         None => {
-            h.sleep_until.store(u64::MAX, Ordering::Release);
+            e.sleep_until.store(u64::MAX, Ordering::Release);
             None
         }
         Some(t) => {
-            h.sleep_until.store(t.saturating_duration_since(h.epoch).as_nanos() as u64, Ordering::Release);
+            e.sleep_until.store(t.saturating_duration_since(e.epoch).as_nanos() as u64, Ordering::Release);
             Some(t.saturating_duration_since(Instant::now()))
         }
     }
 }
 
-fn run(h: &'static Helper) {
+fn run(e: &'static Engine) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
     loop {
-        let n = wait(h, &mut events, service_ports(h));
-        h.sleep_until.store(0, Ordering::Release);
+        let n = wait(e, &mut events, service(e));
+        e.sleep_until.store(0, Ordering::Release);
         for ev in events.iter().take(n.max(0) as usize) {
             let token = ev.u64;
             if token == WAKEUP_TOKEN {
                 // Drains our eventfd.
-                let _ = rustix::io::read(&h.wakeup, &mut [0u8; 8]);
+                let _ = rustix::io::read(&e.wakeup, &mut [0u8; 8]);
                 loop {
-                    let job = h.jobs.lock().pop_front();
+                    let job = e.jobs.lock().pop_front();
                     match job {
                         Some(job) => job(),
                         None => break,
                     }
                 }
-            } else if token & PORT_TOKEN != 0 {
-                let port = h.ports.lock().get((token & !PORT_TOKEN) as usize).and_then(Weak::upgrade);
-                if let Some(port) = port {
-                    // One-shot: the report is spent, and the sockets leave the
-                    // epoll set until it is armed again.  Drain now if nobody
-                    // else will; otherwise `service_ports` looks again later.
-                    port.unwatch();
-                    port.handover.armed.store(false, Ordering::SeqCst);
-                    if port.handover.helper_drains(crate::net::epoch_ns()) {
-                        take_over(&port);
-                    }
-                }
             } else {
-                connection_event(h, token);
+                let source = e.sources.lock().get(&token).and_then(Weak::upgrade);
+                if let Some(source) = source {
+                    source.ready();
+                }
             }
         }
     }
@@ -226,7 +199,7 @@ fn run(h: &'static Helper) {
 /// acknowledgements) need microseconds: `epoll_pwait2` where the kernel has
 /// it, otherwise `epoll_wait` rounded up to whole milliseconds.  (rustix
 /// picks one of the two when it is built, not by what the kernel has.)
-fn wait(h: &Helper, events: &mut [libc::epoll_event], timeout: Option<std::time::Duration>) -> i32 {
+fn wait(e: &Engine, events: &mut [libc::epoll_event], timeout: Option<Duration>) -> i32 {
     static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let max = events.len() as i32;
     if !NO_PWAIT2.load(Ordering::Relaxed) {
@@ -234,7 +207,7 @@ fn wait(h: &Helper, events: &mut [libc::epoll_event], timeout: Option<std::time:
             .map(|d| libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long });
         let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: the buffer holds `max` events; tsp is null or a valid timespec.
-        let n = unsafe { libc::epoll_pwait2(h.epoll.as_raw_fd(), events.as_mut_ptr(), max, tsp, std::ptr::null()) };
+        let n = unsafe { libc::epoll_pwait2(e.epoll.as_raw_fd(), events.as_mut_ptr(), max, tsp, std::ptr::null()) };
         if n >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
             return n;
         }
@@ -242,23 +215,91 @@ fn wait(h: &Helper, events: &mut [libc::epoll_event], timeout: Option<std::time:
     }
     let ms = timeout.map_or(-1, |d| d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
     // SAFETY: the buffer holds `max` events.
-    unsafe { libc::epoll_wait(h.epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) }
+    unsafe { libc::epoll_wait(e.epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) }
 }
 
-fn connection_event(h: &Helper, token: u64) {
-    let entry = h.watched.lock().get(&token).cloned();
-    let Some((vi, conn)) = entry else { return };
-    let Some(conn) = conn.upgrade() else { return };
-    let code = match crate::peer_channel::read(conn.socket.as_fd()).map(|m| m.map(|m| m.msg)) {
-        Ok(Some(PeerMessage::Break(code))) => Some(code),
-        Ok(Some(PeerMessage::Disconnect)) => Some(error_code::CONN_LOST),
-        Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Some(error_code::CONN_LOST),
-        _ => None,
-    };
-    if let Some(code) = code {
-        unwatch(&conn);
-        if let Ok(vi) = Vi::get(vi) {
-            vi.peer_lost(&conn, code);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A source that counts the engine's calls, with an eventfd to report.
+    struct Counted {
+        fd: OwnedFd,
+        ready: AtomicUsize,
+        serviced: AtomicUsize,
+        every: Duration,
+    }
+
+    impl Source for Counted {
+        fn ready(&self) {
+            let _ = rustix::io::read(&self.fd, &mut [0u8; 8]);
+            self.ready.fetch_add(1, Ordering::SeqCst);
         }
+        fn service(&self, now: Instant) -> Option<Instant> {
+            self.serviced.fetch_add(1, Ordering::SeqCst);
+            Some(now + self.every)
+        }
+    }
+
+    fn counted(every: Duration) -> Arc<Counted> {
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap();
+        Arc::new(Counted { fd, ready: AtomicUsize::new(0), serviced: AtomicUsize::new(0), every })
+    }
+
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !f() {
+            assert!(Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_registered_descriptor_reaches_its_source_and_an_unregistered_one_does_not() {
+        let s = counted(Duration::from_secs(3600));
+        let weak: Weak<dyn Source> = Arc::downgrade(&s) as Weak<dyn Source>;
+        let token = register(weak, false);
+        watch_fd(s.fd.as_fd(), token);
+        rustix::io::write(&s.fd, &1u64.to_ne_bytes()).unwrap();
+        eventually("the source hears of its descriptor", || s.ready.load(Ordering::SeqCst) >= 1);
+        assert_eq!(s.serviced.load(Ordering::SeqCst), 0, "an untimed source is never serviced");
+        assert!(unregister(token));
+        assert!(!unregister(token), "a token is forgotten once");
+        let before = s.ready.load(Ordering::SeqCst);
+        rustix::io::write(&s.fd, &1u64.to_ne_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(s.ready.load(Ordering::SeqCst), before, "an unregistered source hears nothing");
+        unwatch_fd(s.fd.as_fd());
+    }
+
+    #[test]
+    fn a_timed_source_is_serviced_when_it_asks_until_it_goes() {
+        let s = counted(Duration::from_millis(2));
+        let weak: Weak<dyn Source> = Arc::downgrade(&s) as Weak<dyn Source>;
+        let token = register(weak, true);
+        eventually("serviced again and again", || s.serviced.load(Ordering::SeqCst) >= 5);
+        drop(s);
+        // A source that went is skipped, not called: nothing to assert on
+        // it but that the engine goes on serving others.
+        let t = counted(Duration::from_millis(2));
+        let token2 = register(Arc::downgrade(&t) as Weak<dyn Source>, true);
+        eventually("a second source is served", || t.serviced.load(Ordering::SeqCst) >= 3);
+        assert!(unregister(token) && unregister(token2));
+        let after = t.serviced.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(t.serviced.load(Ordering::SeqCst) <= after + 1, "an unregistered source is not serviced");
+    }
+
+    #[test]
+    fn deferred_jobs_run_on_the_helper_thread_in_order() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..3 {
+            let tx = tx.clone();
+            defer(Box::new(move || tx.send((i, on_helper_thread())).unwrap()));
+        }
+        let got: Vec<_> = (0..3).map(|_| rx.recv_timeout(Duration::from_secs(5)).unwrap()).collect();
+        assert_eq!(got, vec![(0, true), (1, true), (2, true)]);
+        assert!(!on_helper_thread());
     }
 }

@@ -585,7 +585,7 @@ impl Vi {
         self.set_state(ViState::Connected);
         self.nic.counters.add(Counter::Connects, 1);
         drop(s);
-        progress::watch(&conn, self.handle);
+        conn.watch();
         self.bump();
     }
 
@@ -599,7 +599,7 @@ impl Vi {
         }
         if let Some(conn) = s.conn.take() {
             conn.tell(crate::endpoint::PeerMessage::Disconnect);
-            progress::unwatch(&conn);
+            conn.unwatch();
             close_fenced(&conn);
         }
         if let Some(link) = s.net.take() {
@@ -626,21 +626,21 @@ impl Vi {
 
     /// The peer went away or broke the connection: Error state, flushed queues, callback.
     /// Only `conn`'s own events count: a late one of an earlier connection is ignored.
-    pub(crate) fn peer_lost(&self, conn: &Arc<Conn>, code: u32) {
+    pub(crate) fn peer_lost(&self, conn: &Conn, code: u32) {
         if self.enter_error(None, Some(conn)) {
             self.report(code);
         }
     }
 
     /// Connected -> Error, telling the peer `theirs` if given.  True if this call made the change.
-    fn enter_error(&self, theirs: Option<u32>, only: Option<&Arc<Conn>>) -> bool {
+    fn enter_error(&self, theirs: Option<u32>, only: Option<&Conn>) -> bool {
         let mut r = self.recv.lock();
         let mut s = self.send.lock();
         if self.state() != ViState::Connected {
             return false;
         }
         if let (Some(only), Some(current)) = (only, &s.conn) {
-            if !Arc::ptr_eq(only, current) {
+            if !std::ptr::eq(only, Arc::as_ptr(current)) {
                 return false;
             }
         }
@@ -650,7 +650,7 @@ impl Vi {
             if let Some(code) = theirs {
                 conn.tell(crate::endpoint::PeerMessage::Break(code));
             }
-            progress::unwatch(&conn);
+            conn.unwatch();
             close_fenced(&conn);
         }
         if let Some(link) = s.net.take() {
