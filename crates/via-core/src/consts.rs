@@ -88,3 +88,27 @@ pub mod limits {
     /// Discriminator bytes in an address.
     pub const MAX_DISCRIMINATOR_LEN: usize = 64;
 }
+
+/// `VIP_ERROR_CODE` values used by the provider.
+pub mod error_code {
+    /// A descriptor failed at post time.
+    pub const POST_DESC: u32 = 0;
+    /// The connection was lost.
+    pub const CONN_LOST: u32 = 1;
+    /// A message arrived with no receive posted.
+    pub const RECVQ_EMPTY: u32 = 2;
+    /// RDMA write protection error at the target.
+    pub const RDMAW_PROT: u32 = 4;
+    /// RDMA read protection error at the target.
+    pub const RDMAR_PROT: u32 = 7;
+    /// Completion queue overflow.
+    pub const CATASTROPHIC: u32 = 10;
+}
+
+/// `VIP_RESOURCE_CODE` values.
+pub mod resource_code {
+    /// The VI.
+    pub const VI: u32 = 1;
+    /// The CQ.
+    pub const CQ: u32 = 2;
+}

@@ -14,7 +14,6 @@ use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
 use crate::lane::Lane;
 use crate::net::{NetLink, NetPort};
-use crate::nic::error_code;
 use crate::nic::Nic;
 use crate::peer_channel::{self, Sender};
 use crate::progress;
@@ -27,6 +26,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+use via_core::consts::error_code;
 use via_core::consts::SERVICE_UNRELIABLE;
 use via_core::error::{ViaError, ViaResult};
 use via_shm::bell::Bell;
@@ -690,8 +690,8 @@ pub fn peer_done(vi: &Arc<Vi>, wait: bool) -> ViaResult<Endpoint> {
                 let attrs = vi.attrs();
                 if attrs.reliability != peer.reliability || attrs.max_transfer != peer.max_transfer {
                     match &linked {
-                        Linked::Shm(conn) => conn.tell(PeerMessage::Break(crate::nic::error_code::CONN_LOST)),
-                        Linked::Net(link, _) => link.close(Some(crate::nic::error_code::CONN_LOST)),
+                        Linked::Shm(conn) => conn.tell(PeerMessage::Break(via_core::consts::error_code::CONN_LOST)),
+                        Linked::Net(link, _) => link.close(Some(via_core::consts::error_code::CONN_LOST)),
                     }
                     abort(vi);
                     return Err(if attrs.reliability != peer.reliability {

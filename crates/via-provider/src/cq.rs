@@ -16,7 +16,7 @@
 
 use crate::counters::{Counter, StageTimer};
 use crate::handles::{Handle, Kind, ThreadCache};
-use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
+use crate::nic::{ErrorEvent, Nic};
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::tuning::{tuning, CqMode};
 use crate::{provider, Vi};
@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use via_core::consts::limits;
+use via_core::consts::{error_code, resource_code};
 use via_core::error::{ViaError, ViaResult};
 use via_shm::inbox::INBOX_ENTRIES;
 

@@ -118,7 +118,7 @@ impl PeerMessage {
             5 if rest.len() == 4 => {
                 let code = u32::from_le_bytes(rest.try_into().ok()?);
                 // The code reaches the application's error callback.
-                (code <= crate::nic::error_code::CATASTROPHIC).then_some(PeerMessage::Break(code))
+                (code <= via_core::consts::error_code::CATASTROPHIC).then_some(PeerMessage::Break(code))
             }
             6 if rest.is_empty() => Some(PeerMessage::Lane),
             _ => None,

@@ -21,12 +21,10 @@ use crate::counters::{Counter, Counters};
 use crate::ether::EtherSocket;
 use crate::net_batch::{first_packet_len, Batch, GRO_BUFFER};
 use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
-use crate::nic::Nic;
 use crate::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::progress;
 use crate::read_schedule::ReadSchedule;
 use crate::tuning::tuning;
-use crate::Vi;
 use parking_lot::{Mutex, RwLock};
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -40,6 +38,33 @@ use via_core::error::{ViaError, ViaResult};
 use via_reliable::{BreakReason, Config, Event, Segment, Session};
 use via_wire::frame::{Frame, MAC_LEN};
 use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
+use viad_client::client::DeviceInfo;
+
+/// A connected VI as its port sees it: where its packets go.  (`Vi`
+/// implements it, in `net_path`; the port names no VI type.)
+pub(crate) trait NetReceiver: Send + Sync {
+    /// Packets for it arrived (in an Ethernet frame if `frame`).  Returns
+    /// whether its session owes an acknowledgement it held back (with
+    /// `app_away`, whether anything is unacknowledged): the port sends it
+    /// when it finds its sockets empty (`send_owed_ack`), unless a reply
+    /// carried it first.
+    fn net_input(&self, packets: &[(Header, &[u8])], frame: bool, app_away: bool) -> bool;
+    /// Calls `receive` with the place where its message under way continues
+    /// and the room there (at most `max`), while that place stays its own;
+    /// false, without calling it, when it has no such place.
+    fn receive_in_place(&self, max: usize, receive: &mut dyn FnMut(*mut u8, usize)) -> bool;
+    /// Sends the acknowledgement `net_input` held back.
+    fn send_owed_ack(&self, app_away: bool);
+    /// Runs its session's timers; returns its next deadline.
+    fn net_timers(&self, now: Instant) -> Option<Instant>;
+}
+
+/// Whose registry a link's outgoing buffers are checked against before
+/// their bytes are read (`Outbound::check`): the VI's NIC.
+pub(crate) trait RegistryOwner: Send + Sync {
+    /// The registry.
+    fn registry(&self) -> &via_core::registry::Registry;
+}
 
 /// Largest UDP payload.
 pub(crate) const MAX_DATAGRAM: usize = 65507;
@@ -82,7 +107,7 @@ pub struct NetPort {
     gro_buffers: AtomicU64,
     /// The port's Ethernet side, where the process may open it (`ether`).
     ether: Option<EtherSocket>,
-    vis: RwLock<HashMap<u32, Weak<Vi>, BuildHasherDefault<IdHasher>>>,
+    vis: RwLock<HashMap<u32, Weak<dyn NetReceiver>, BuildHasherDefault<IdHasher>>>,
     /// Held while draining the sockets, so packets of one VI are handled in order.
     engine: Mutex<Engine>,
     /// The NIC's counters.
@@ -244,13 +269,12 @@ impl NetPort {
     /// Opens the port of `nic`: a dual-stack UDP socket, reached at the
     /// device's IPv4 address (and IPv6 address, if it has one); a plain IPv4
     /// socket on the device's address where IPv6 is not available.
-    pub fn open(nic: &Nic) -> ViaResult<Arc<NetPort>> {
-        let ip4 = match nic.device.host_addr.as_slice() {
+    pub fn open(device: &DeviceInfo, counters: &Counters) -> ViaResult<Arc<NetPort>> {
+        let ip4 = match device.host_addr.as_slice() {
             [a, b, c, d] => IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d)),
             _ => return Err(ViaError::Resource),
         };
-        let ip6 = nic
-            .device
+        let ip6 = device
             .host_addr6
             .as_deref()
             .and_then(|b| <[u8; 16]>::try_from(b).ok())
@@ -267,7 +291,7 @@ impl NetPort {
         let offload = tuning().gso && kernel_has_gso(&socket);
         let gro = offload && set_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         let fixed_segment = crate::tuning::segment_size();
-        let segment = segment_size(nic.device.mtu as usize, fixed_segment);
+        let segment = segment_size(device.mtu as usize, fixed_segment);
         // Coalesced datagrams need buffers of the largest one; without
         // coalescing a buffer one byte longer than a packet tells a longer
         // datagram (truncated) from a packet.
@@ -289,8 +313,8 @@ impl NetPort {
             dual_stack,
             segment,
             fixed_segment: fixed_segment.is_some(),
-            large_payload: large_payload(nic.device.mtu as usize),
-            mtu: nic.device.mtu as usize,
+            large_payload: large_payload(device.mtu as usize),
+            mtu: device.mtu as usize,
             gso: AtomicBool::new(offload),
             gro,
             gso_buffers: AtomicU64::new(0),
@@ -306,7 +330,7 @@ impl NetPort {
                 frame_slot: 0,
                 idle_polls: 0,
             }),
-            counters: nic.counters.clone(),
+            counters: counters.clone(),
             handover: Handover::default(),
             token: AtomicU64::new(0),
             timers_due_ns: AtomicU64::new(0),
@@ -408,7 +432,7 @@ impl NetPort {
     }
 
     /// Routes packets for VI id `vi` to `target`.
-    pub fn register(&self, vi: u32, target: Weak<Vi>) {
+    pub(crate) fn register(&self, vi: u32, target: Weak<dyn NetReceiver>) {
         self.vis.write().insert(vi, target);
     }
 
@@ -535,7 +559,7 @@ impl NetPort {
             // table, shared by all its VIs, on each poll.
             let target = engine.landing.as_ref().filter(|l| l.fd == fd).map(|l| (l.id, l.vi.upgrade()));
             if let Some((id, vi)) = target {
-                match vi.and_then(|vi| self.land(engine, fd, id, &vi)) {
+                match vi.and_then(|vi| self.land(engine, fd, id, &*vi)) {
                     Some(Landed::Packet) => {
                         any = true;
                         continue;
@@ -574,11 +598,14 @@ impl NetPort {
     /// whole packet for `vi` and intact, else put together behind its
     /// header as any other datagram.  `None` when `vi` has no message
     /// under way.
-    fn land(&self, engine: &mut Engine, fd: RawFd, id: u32, vi: &Vi) -> Option<Landed> {
+    fn land(&self, engine: &mut Engine, fd: RawFd, id: u32, vi: &dyn NetReceiver) -> Option<Landed> {
         let batch = &mut engine.batch;
         let max = self.large_payload.min(batch.bufs[0].len() - HEADER_LEN);
-        let (got, place, room) =
-            vi.receive_in_place(max, |place, room| (batch.receive_beside(fd, place, room), place, room))?;
+        let mut landed = None;
+        vi.receive_in_place(max, &mut |place, room| {
+            landed = Some((batch.receive_beside(fd, place, room), place, room))
+        });
+        let (got, place, room) = landed?;
         if !got {
             return Some(Landed::Nothing);
         }
@@ -715,7 +742,7 @@ impl NetPort {
 
     /// Runs the timers of every VI on this port; returns the next deadline.
     pub fn run_timers(&self, now: Instant) -> Option<Instant> {
-        let vis: Vec<Arc<Vi>> = self.vis.read().values().filter_map(Weak::upgrade).collect();
+        let vis: Vec<Arc<dyn NetReceiver>> = self.vis.read().values().filter_map(Weak::upgrade).collect();
         vis.iter().filter_map(|vi| vi.net_timers(now)).min()
     }
 
@@ -840,7 +867,7 @@ enum Landed {
 struct Landing {
     fd: RawFd,
     id: u32,
-    vi: Weak<Vi>,
+    vi: Weak<dyn NetReceiver>,
 }
 
 /// The VIs that owe an acknowledgement, sent once a poll finds the
@@ -1018,7 +1045,7 @@ pub(crate) struct NetState {
     /// The NIC whose registry the messages' buffers are checked against
     /// before their bytes are read (`Outbound::check`); set when the VI
     /// connects (`Vi::connected_net`), before it posts anything.
-    pub(crate) registry_of: Option<Arc<Nic>>,
+    pub(crate) registry_of: Option<Arc<dyn RegistryOwner>>,
     /// Packets built for one `sendmmsg`.
     out: OutPackets,
     /// The session's counters when last added to the NIC's.
@@ -1172,17 +1199,17 @@ impl NetState {
         // a packet of the application's buffers is built.
         let mut deregistrations = None;
         while let Some(t) = next(&mut self.session) {
-            if let (Some(p), Some(nic)) = (t.payload, &self.registry_of) {
+            if let (Some(p), Some(owner)) = (t.payload, &self.registry_of) {
                 // Before a byte is read: the application may have
                 // deregistered (and unmapped) a buffer since it posted the
                 // send.  Then nothing more of the message is read or sent:
                 // its send fails, and a reliable session breaks.
-                match self.outbound.check(p.token, &nic.registry, &mut deregistrations) {
+                match self.outbound.check(p.token, owner.registry(), &mut deregistrations) {
                     Check::Readable => {}
                     Check::Refused => {
                         events.push(NetEvent::Unreadable { token: p.token });
                         if self.session.config().reliable {
-                            self.session.close(crate::nic::error_code::CONN_LOST);
+                            self.session.close(via_core::consts::error_code::CONN_LOST);
                         }
                         continue;
                     }

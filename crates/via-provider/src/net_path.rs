@@ -3,11 +3,11 @@
 //! complete descriptors, place received bytes and answer RDMA requests.
 
 use crate::counters::{Counter, StageTimer};
-use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink, Registered};
-use crate::nic::error_code;
+use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink, NetReceiver, Registered, RegistryOwner};
 use crate::vi::{reliable, Break, Inbound, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use via_core::consts::error_code;
 use via_core::consts::*;
 use via_core::descriptor::{validate, DescPtr, LocalSeg, Op, Rules, Segs};
 use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
@@ -37,15 +37,31 @@ struct Followup {
     woke: bool,
 }
 
+/// How the port reaches a VI connected through it.
+impl NetReceiver for Vi {
+    fn net_input(&self, packets: &[(via_wire::Header, &[u8])], frame: bool, app_away: bool) -> bool {
+        Vi::net_input(self, packets, frame, app_away)
+    }
+    fn receive_in_place(&self, max: usize, receive: &mut dyn FnMut(*mut u8, usize)) -> bool {
+        Vi::receive_in_place(self, max, receive).is_some()
+    }
+    fn send_owed_ack(&self, app_away: bool) {
+        Vi::send_owed_ack(self, app_away)
+    }
+    fn net_timers(&self, now: std::time::Instant) -> Option<std::time::Instant> {
+        Vi::net_timers(self, now)
+    }
+}
+
 impl Vi {
     /// Completes a network connection.
     pub(crate) fn connected_net(self: &Arc<Self>, link: Arc<NetLink>) {
         let mut r = self.recv.lock();
         let mut s = self.send.lock();
-        link.port.register(link.local_vi, Arc::downgrade(self));
+        link.port.register(link.local_vi, Arc::downgrade(self) as Weak<dyn NetReceiver>);
         // Sends' buffers are checked against this registry before their
         // bytes are read (`Outbound::check`).
-        link.state.lock().registry_of = Some(self.nic.clone());
+        link.state.lock().registry_of = Some(self.nic.clone() as Arc<dyn RegistryOwner>);
         s.net = Some(link.clone());
         *self.net.lock() = Some(link);
         self.networked.store(true, Ordering::Release);

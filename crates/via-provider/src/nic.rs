@@ -33,28 +33,13 @@ pub struct ErrorEvent {
     pub code: u32,
 }
 
-/// `VIP_ERROR_CODE` values used by the provider.
-pub mod error_code {
-    /// A descriptor failed at post time.
-    pub const POST_DESC: u32 = 0;
-    /// The connection was lost.
-    pub const CONN_LOST: u32 = 1;
-    /// A message arrived with no receive posted.
-    pub const RECVQ_EMPTY: u32 = 2;
-    /// RDMA write protection error at the target.
-    pub const RDMAW_PROT: u32 = 4;
-    /// RDMA read protection error at the target.
-    pub const RDMAR_PROT: u32 = 7;
-    /// Completion queue overflow.
-    pub const CATASTROPHIC: u32 = 10;
-}
+pub use via_core::consts::{error_code, resource_code};
 
-/// `VIP_RESOURCE_CODE` values.
-pub mod resource_code {
-    /// The VI.
-    pub const VI: u32 = 1;
-    /// The CQ.
-    pub const CQ: u32 = 2;
+/// A network link checks its outgoing buffers against its NIC's registry.
+impl crate::net::RegistryOwner for Nic {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
 }
 
 /// A handler installed by `VipErrorCallback`.
@@ -274,7 +259,7 @@ impl Nic {
         if let Some(p) = self.net_port.get() {
             return Ok(p.clone());
         }
-        let port = crate::net::NetPort::open(self)?;
+        let port = crate::net::NetPort::open(&self.device, &self.counters)?;
         Ok(self.net_port.get_or_init(|| port).clone())
     }
 

@@ -30,12 +30,13 @@
 
 use crate::connect::Conn;
 use crate::counters::Counter;
-use crate::nic::{error_code, Nic};
+use crate::nic::Nic;
 use crate::queue_lock::QueueGuard;
 use crate::vi::{push_room, scattered, Break, RecvQueue, SendItem, SendQueue, Vi, RING_ROOM_LIMIT};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use via_core::consts::error_code;
 use via_core::consts::*;
 use via_core::descriptor::{buffers_registered, DescPtr, Rules, Segs, WorkRequest};
 use via_core::registry::REGION_RDMA_READ;

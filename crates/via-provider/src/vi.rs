@@ -16,7 +16,7 @@ use crate::cq::{Cq, CqEntry};
 use crate::doorbell::{self, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::{Handle, ThreadCache};
-use crate::nic::{error_code, resource_code, ErrorEvent, Nic};
+use crate::nic::{ErrorEvent, Nic};
 use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::tuning::{tuning, CqMode, Doorbell};
@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::Arc;
 use std::time::Duration;
 use via_core::consts::*;
+use via_core::consts::{error_code, resource_code};
 use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, LocalSeg, Op, Rules, Segs, WorkRequest};
 use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{PublishedTable, REGION_RDMA_READ, REGION_RDMA_WRITE};
