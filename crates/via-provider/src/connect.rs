@@ -13,7 +13,7 @@
 use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
 use crate::lane::Lane;
-use crate::net::{NetLink, NetPort};
+use crate::transport::udp::{NetLink, NetPort};
 use crate::nic::Nic;
 use crate::peer_channel::{self, Sender};
 use crate::progress;

@@ -3,7 +3,7 @@
 //! complete descriptors, place received bytes and answer RDMA requests.
 
 use crate::counters::{Counter, StageTimer};
-use crate::net::{scatter, Gather, NetEvent, NetEvents, NetLink, NetReceiver, Registered, RegistryOwner};
+use crate::transport::udp::{scatter, Gather, NetEvent, NetEvents, NetLink, NetReceiver, Registered, RegistryOwner};
 use crate::vi::{reliable, Break, Inbound, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

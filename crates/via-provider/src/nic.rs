@@ -36,7 +36,7 @@ pub struct ErrorEvent {
 pub use via_core::consts::{error_code, resource_code};
 
 /// A network link checks its outgoing buffers against its NIC's registry.
-impl crate::net::RegistryOwner for Nic {
+impl crate::transport::udp::RegistryOwner for Nic {
     fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -78,7 +78,7 @@ pub struct Nic {
     /// What this NIC sent, received and dropped.
     pub counters: crate::counters::Counters,
     /// The UDP port of the network transport, opened at the first remote connection.
-    net_port: std::sync::OnceLock<Arc<crate::net::NetPort>>,
+    net_port: std::sync::OnceLock<Arc<crate::transport::udp::NetPort>>,
     /// Set by `VipCloseNic`.
     pub closed: AtomicBool,
     /// Readable once the NIC is closing: ends the waits of other threads
@@ -255,11 +255,11 @@ impl Nic {
     }
 
     /// The network port, opened on first use.
-    pub fn port(&self) -> ViaResult<Arc<crate::net::NetPort>> {
+    pub fn port(&self) -> ViaResult<Arc<crate::transport::udp::NetPort>> {
         if let Some(p) = self.net_port.get() {
             return Ok(p.clone());
         }
-        let port = crate::net::NetPort::open(&self.device, &self.counters)?;
+        let port = crate::transport::udp::NetPort::open(&self.device, &self.counters)?;
         Ok(self.net_port.get_or_init(|| port).clone())
     }
 
@@ -272,7 +272,7 @@ impl Nic {
 
     /// An application thread is about to sleep: the helper thread reads the
     /// network port, if one is open, until the returned guard is dropped.
-    pub(crate) fn sleep_on_port(&self) -> Option<crate::net::PortSleep> {
+    pub(crate) fn sleep_on_port(&self) -> Option<crate::transport::udp::PortSleep> {
         self.net_port.get().map(|p| p.sleep())
     }
 

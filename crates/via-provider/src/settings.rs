@@ -155,11 +155,11 @@ pub struct Offloads {
 /// allow.  Fails when no socket can be bound there.
 pub fn probe(ip: Ipv4Addr) -> Result<Offloads, String> {
     let socket = UdpSocket::bind((IpAddr::V4(ip), 0)).map_err(|e| format!("cannot bind a UDP socket on {ip}: {e}"))?;
-    let gso = crate::net::kernel_has_gso(&socket);
-    let gro = gso && crate::peer_socket::set_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+    let gso = crate::transport::udp::kernel_has_gso(&socket);
+    let gro = gso && crate::transport::udp::peer_socket::set_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
     let ethernet = match ip.is_loopback() {
         true => Err("loopback".into()),
-        false => crate::ether::frames_possible(ip),
+        false => crate::transport::udp::ether::frames_possible(ip),
     };
     Ok(Offloads { gso, gro, ethernet })
 }

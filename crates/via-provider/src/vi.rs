@@ -183,7 +183,7 @@ pub(crate) struct SendQueue {
     /// Shared-memory connection.
     pub conn: Option<Arc<Conn>>,
     /// Network connection.
-    pub net: Option<Arc<crate::net::NetLink>>,
+    pub net: Option<Arc<crate::transport::udp::NetLink>>,
     /// Posted, its doorbell rung, not yet taken by the send engine.
     pub rung: usize,
     /// Shared memory: RDMA reads through the ring in flight, in order
@@ -271,7 +271,7 @@ pub struct Vi {
     pub(crate) recv: QueueMutex<RecvQueue>,
     pub(crate) send: QueueMutex<SendQueue>,
     /// Network: the link, readable without the queue locks.
-    pub(crate) net: Mutex<Option<Arc<crate::net::NetLink>>>,
+    pub(crate) net: Mutex<Option<Arc<crate::transport::udp::NetLink>>>,
     /// Whether `net` holds a link: what every poll asks, without the lock.
     pub(crate) networked: AtomicBool,
     /// Shared memory: the ring slot of the next message (`Ring::next_slot`),

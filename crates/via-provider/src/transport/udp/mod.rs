@@ -17,13 +17,20 @@
 //! packet is still a datagram of its own on the wire and is checked on its
 //! own.  `VIA_GSO=0` turns both off.
 
+mod batch;
+pub(crate) mod ether;
+pub(crate) mod neighbours;
+pub(crate) mod peer_socket;
+mod read_schedule;
+pub(crate) mod send;
+
 use crate::counters::{Counter, Counters};
-use crate::ether::EtherSocket;
-use crate::net_batch::{first_packet_len, Batch, GRO_BUFFER};
-use crate::net_send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
-use crate::peer_socket::{bind_port, set_option, PeerSocket};
+use crate::transport::udp::ether::EtherSocket;
+use crate::transport::udp::batch::{first_packet_len, Batch, GRO_BUFFER};
+use crate::transport::udp::send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use crate::transport::udp::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::progress;
-use crate::read_schedule::ReadSchedule;
+use crate::transport::udp::read_schedule::ReadSchedule;
 use crate::tuning::tuning;
 use parking_lot::{Mutex, RwLock};
 use std::borrow::Cow;

@@ -301,9 +301,9 @@ impl<'a> Iterator for Split<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::{kernel_has_gso, socket_addr};
-    use crate::net_send::{send_groups, OutPackets};
-    use crate::peer_socket::set_option;
+    use crate::transport::udp::{kernel_has_gso, socket_addr};
+    use crate::transport::udp::send::{send_groups, OutPackets};
+    use crate::transport::udp::peer_socket::set_option;
     use std::net::UdpSocket;
     use std::os::fd::AsRawFd;
     use std::time::Instant;
@@ -392,7 +392,7 @@ mod tests {
         gro: bool,
         batch: Batch,
         max_segment: usize,
-        sent: crate::net_send::Sent,
+        sent: crate::transport::udp::send::Sent,
     }
 
     impl Loopback {

@@ -11,7 +11,7 @@
 //! registered buffers themselves, after the header, and the checksum is
 //! computed where it lies.
 
-use crate::net::{Gather, MAX_DATAGRAM};
+use crate::transport::udp::{Gather, MAX_DATAGRAM};
 use std::os::fd::RawFd;
 use via_reliable::Transmit;
 use via_wire::HEADER_LEN;
@@ -495,7 +495,7 @@ mod tests {
         out.push(&transmit(100, 1400), Some(&gather));
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let addr = crate::net::socket_addr(rx.local_addr().unwrap());
+        let addr = crate::transport::udp::socket_addr(rx.local_addr().unwrap());
         assert_eq!(send_groups(std::os::fd::AsRawFd::as_raw_fd(&tx), Some(&addr), out.from(0), 0).packets, 1);
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
         let mut buf = [0u8; 2048];
@@ -564,10 +564,10 @@ mod tests {
         use std::net::UdpSocket;
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        crate::peer_socket::set_option_to(std::os::fd::AsRawFd::as_raw_fd(&rx), libc::SOL_UDP, libc::UDP_GRO, &1i32)
+        crate::transport::udp::peer_socket::set_option_to(std::os::fd::AsRawFd::as_raw_fd(&rx), libc::SOL_UDP, libc::UDP_GRO, &1i32)
             .unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
-        let addr = crate::net::socket_addr(rx.local_addr().unwrap());
+        let addr = crate::transport::udp::socket_addr(rx.local_addr().unwrap());
         let mut buf = vec![0u8; 65536];
         for max_segment in [0, 1472] {
             let sent = send_groups(std::os::fd::AsRawFd::as_raw_fd(&tx), Some(&addr), out.from(1), max_segment);

@@ -9,7 +9,7 @@
 //! making a system call, and a frame that arrives is read without one.
 //! Opening it needs `CAP_NET_RAW`; without it the port is UDP only.
 
-use crate::peer_socket::{set_option, set_option_to};
+use crate::transport::udp::peer_socket::{set_option, set_option_to};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -176,7 +176,7 @@ impl EtherSocket {
     /// Whether the host at `peer` is on this interface's link with the
     /// Ethernet address `mac`: the kernel's neighbour table says so.
     pub(crate) fn on_link(&self, peer: IpAddr, mac: [u8; MAC_LEN]) -> bool {
-        crate::neighbours::lookup(self.ifindex, peer) == Some(mac)
+        crate::transport::udp::neighbours::lookup(self.ifindex, peer) == Some(mac)
     }
 }
 
