@@ -13,20 +13,20 @@
 use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
 use crate::lane::Lane;
-use crate::transport::udp::{NetLink, NetPort};
 use crate::nic::Nic;
 use crate::peer_channel::{self, Sender};
-use crate::progress;
 use crate::provider;
 use crate::timeout::Deadline;
+pub(crate) use crate::transport::shm::Conn;
+use crate::transport::udp::{NetLink, NetPort};
+pub(crate) use crate::transport::Linked;
 use crate::tuning::tuning;
 use crate::vi::{Vi, ViState};
 use parking_lot::Mutex;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use via_core::consts::error_code;
 use via_core::consts::SERVICE_UNRELIABLE;
 use via_core::error::{ViaError, ViaResult};
 use via_shm::bell::Bell;
@@ -36,100 +36,6 @@ use via_shm::region::SharedRegion;
 use via_shm::table::TableSegment;
 use via_wire::cm::CmEndpoint;
 use viad_client::client::{self, AgentError, ConnFds, Request};
-
-/// An established (or being established) connection.
-pub struct Conn {
-    /// The shared segment: rings and receive caches.
-    pub seg: Arc<ConnSegment>,
-    /// The socket pair end: control messages and peer-death detection.
-    pub socket: OwnedFd,
-    /// The lane the peer gave us for the completions we make for it
-    /// (mapped once for all connections to that peer).
-    pub lane_out: Arc<Inbox>,
-    /// The peer's bell, rung after pushing into `lane_out` (mapped once per peer).
-    pub peer_bell: Arc<Bell>,
-    /// Our lane for this peer's completions: entries in it count only for
-    /// VIs connected through it.
-    pub lane_in: Arc<Lane>,
-    /// The peer's registry table, mapped read-only, once per peer.
-    pub peer_table: Arc<TableSegment>,
-    /// The peer process as the kernel names it: the only process that
-    /// cross-memory copies of this connection target.
-    pub peer_pid: i32,
-    /// Whether the kernel lets this process cross-memory attach to the
-    /// peer (probed when the connection is made, and cleared when the
-    /// kernel refuses a copy later): where not, large sends, RDMA writes
-    /// and RDMA reads go through the ring (`vi::deliver`, `ring_read`).
-    attach: AtomicBool,
-    /// The peer's endpoint.
-    pub peer: Endpoint,
-    /// The VI it connects.
-    pub vi: Handle,
-    /// Its token in the progress engine (0: not watched).
-    pub token: std::sync::atomic::AtomicU64,
-    /// The NIC's counters.
-    pub counters: crate::counters::Counters,
-}
-
-impl Conn {
-    /// Has the helper thread watch the socket pair: the peer's disconnect,
-    /// break or death comes on it.
-    pub(crate) fn watch(self: &Arc<Self>) {
-        let token = progress::register(Arc::downgrade(self) as Weak<dyn progress::Source>, false);
-        self.token.store(token, Ordering::Release);
-        progress::watch_fd(self.socket.as_fd(), token);
-    }
-
-    /// Stops watching it (before the socket is closed).
-    pub(crate) fn unwatch(&self) {
-        let token = self.token.swap(0, Ordering::AcqRel);
-        if token != 0 && progress::unregister(token) {
-            // The fd is still open (the Conn is alive).
-            progress::unwatch_fd(self.socket.as_fd());
-        }
-    }
-
-    /// Sends a control message to the peer; a dead peer is not an error here.
-    pub fn tell(&self, msg: PeerMessage) {
-        let _ = peer_channel::send(self.socket.as_fd(), &msg, None);
-    }
-
-    /// Whether cross-memory copies to and from the peer are still allowed.
-    pub fn attach(&self) -> bool {
-        self.attach.load(Ordering::Relaxed)
-    }
-
-    /// A cross-memory copy to or from the peer failed with `e`.  True when
-    /// the kernel refused it (`EPERM`): the peer no longer lets us in (it
-    /// gave its one Yama ptracer to another peer, or made itself
-    /// undumpable), and the connection goes through the ring from now on,
-    /// this operation included.
-    pub fn attach_refused(&self, e: &std::io::Error) -> bool {
-        if e.raw_os_error() != Some(libc::EPERM) {
-            return false;
-        }
-        if self.attach.swap(false, Ordering::Relaxed) {
-            tracing::debug!(pid = self.peer_pid, "the peer refuses cross-memory attach now: through the ring");
-            self.counters.add(crate::counters::Counter::RingConnections, 1);
-        }
-        true
-    }
-
-    /// Tells the peer's CQ that its receive queue has a completion we made.
-    pub fn complete_peer_receive(&self) {
-        let entry = crate::cq::CqEntry { vi: self.peer.vi, recv: true };
-        self.lane_out.push_and_ring(&self.peer_bell, self.peer.recv_cq as usize, entry.encode());
-    }
-
-    /// Asks the peer's CQ to drain our ring: it is full, and a peer that
-    /// waits on its CQ only would otherwise never make room.
-    pub fn ask_peer_to_drain(&self) {
-        if self.peer.recv_cq != crate::endpoint::NO_CQ {
-            let entry = crate::cq::CqEntry { vi: self.peer.vi, recv: true };
-            self.lane_out.push_and_ring(&self.peer_bell, self.peer.recv_cq as usize, entry.encode_progress());
-        }
-    }
-}
 
 /// What `VipConnectWait` returns: a request waiting for an answer.
 pub struct PendingConn {
@@ -149,12 +55,6 @@ pub struct PendingConn {
 enum Answer {
     Local(Parts, Introduction),
     Remote { responder: client::Responder, endpoint: CmEndpoint },
-}
-
-/// A connection being completed: shared memory or network.
-pub(crate) enum Linked {
-    Shm(Arc<Conn>),
-    Net(Arc<NetLink>, Endpoint),
 }
 
 struct Parts {
@@ -202,27 +102,18 @@ impl Parts {
             attach: AtomicBool::new(attach),
             peer,
             vi: vi.handle,
+            lost: conn_lost,
             token: Default::default(),
             counters: vi.nic.counters.clone(),
         }
     }
 }
 
-/// The socket pair of a watched connection has something to say.
-impl progress::Source for Conn {
-    fn ready(&self) {
-        let code = match peer_channel::read(self.socket.as_fd()).map(|m| m.map(|m| m.msg)) {
-            Ok(Some(PeerMessage::Break(code))) => Some(code),
-            Ok(Some(PeerMessage::Disconnect)) => Some(error_code::CONN_LOST),
-            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => Some(error_code::CONN_LOST),
-            _ => None,
-        };
-        if let Some(code) = code {
-            self.unwatch();
-            if let Ok(vi) = Vi::get(self.vi) {
-                vi.peer_lost(self, code);
-            }
-        }
+/// A shared-memory connection's peer went, or broke it with `code`: its
+/// VI enters the error state (if that connection is still its own).
+fn conn_lost(conn: &Conn, code: u32) {
+    if let Ok(vi) = Vi::get(conn.vi) {
+        vi.peer_lost(conn, code);
     }
 }
 

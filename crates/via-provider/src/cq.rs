@@ -15,7 +15,7 @@
 //! `SCAN_NAP` once its spin is over.
 
 use crate::counters::{Counter, StageTimer};
-use crate::handles::{Handle, Kind, ThreadCache};
+use crate::handles::{Handle, ThreadCache};
 use crate::nic::{ErrorEvent, Nic};
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::tuning::{tuning, CqMode};
@@ -29,35 +29,8 @@ use via_core::consts::{error_code, resource_code};
 use via_core::error::{ViaError, ViaResult};
 use via_shm::inbox::INBOX_ENTRIES;
 
-/// One completion: which VI, which queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CqEntry {
-    /// The VI handle.
-    pub vi: Handle,
-    /// True for the receive queue.
-    pub recv: bool,
-}
-
-/// The bit of an inbox word that asks the CQ to drain the VI's ring rather
-/// than report a completion: a message sent through the ring in pieces
-/// waits for room, and its receiver may be waiting on this CQ only.
-const PROGRESS: u64 = 1 << 62;
-
-impl CqEntry {
-    /// The inbox word: the VI handle without its kind byte, the queue in the top bit.
-    pub fn encode(&self) -> u64 {
-        (self.vi & 0x00FF_FFFF_FFFF_FFFF) | ((self.recv as u64) << 63)
-    }
-
-    /// The inbox word that asks for the VI's ring to be drained ([`PROGRESS`]).
-    pub fn encode_progress(&self) -> u64 {
-        self.encode() | PROGRESS
-    }
-    /// Parses an inbox word (untrusted: the VI is looked up before use).
-    pub fn decode(word: u64) -> CqEntry {
-        CqEntry { vi: (word & 0x00FF_FFFF_FFFF_FFFF) | ((Kind::Vi as u64) << 56), recv: word >> 63 == 1 }
-    }
-}
+pub use crate::lane::CqEntry;
+use crate::lane::PROGRESS;
 
 /// A completion queue.
 pub struct Cq {
@@ -193,7 +166,7 @@ impl Cq {
     /// `VipCQDone`: the next completion, if any.
     pub fn done(&self) -> ViaResult<CqEntry> {
         let timer = StageTimer::start();
-        crate::doorbell::progress(&self.nic);
+        crate::vi::progress_nic(&self.nic);
         let find = || match tuning().cq {
             CqMode::Entries => self.pop_entry(),
             CqMode::Scan => self.scan(),
@@ -346,17 +319,4 @@ fn lane_overflowed(nic: &Arc<Nic>, lane: u64) {
             vi.break_connection(crate::vi::Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST });
         }
     }));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn entries_round_trip() {
-        let vi = ((Kind::Vi as u64) << 56) | (0x12_3456 << 32) | 77;
-        for recv in [false, true] {
-            assert_eq!(CqEntry::decode(CqEntry { vi, recv }.encode()), CqEntry { vi, recv });
-        }
-    }
 }

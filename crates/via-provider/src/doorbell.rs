@@ -17,9 +17,7 @@
 //! (`openvia-send`), which sleeps until such a doorbell wakes it and then
 //! waits its turn, so no rung send is ever left behind.
 
-use crate::counters::Counter;
 use crate::tuning::{tuning, Doorbell};
-use crate::vi::Vi;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -30,10 +28,19 @@ use via_shm::futex;
 
 /// A posted send waiting for the engine.
 pub(crate) struct Rung {
-    desc: DescPtr,
-    mem: u32,
+    pub desc: DescPtr,
+    pub mem: u32,
     /// When it was rung, if the stages are being timed.
-    at: Option<Instant>,
+    pub at: Option<Instant>,
+}
+
+/// A VI as its NIC's send engine sees it.  (`Vi` implements it; the
+/// engine names no VI type.)
+pub(crate) trait Ringer: Send + Sync {
+    /// Its own doorbell (D1).
+    fn doorbell(&self) -> &ViDoorbell;
+    /// Carries out a send taken from a doorbell.
+    fn take(&self, r: Rung);
 }
 
 /// A VI's own doorbell (D1).
@@ -47,10 +54,10 @@ pub(crate) struct ViDoorbell {
 pub(crate) struct SendEngine {
     mode: Doorbell,
     /// D1: the NIC's VIs, scanned in turn; `generation` changes with the set.
-    vis: Mutex<Vec<Weak<Vi>>>,
+    vis: Mutex<Vec<Weak<dyn Ringer>>>,
     generation: AtomicU64,
     /// D2: the central send queue.
-    central: Mutex<VecDeque<(Arc<Vi>, Rung)>>,
+    central: Mutex<VecDeque<(Arc<dyn Ringer>, Rung)>>,
     /// Held while sweeping, so that one sweeper at a time takes rung sends
     /// and each VI's sends are carried out in posting order.
     sweeper: Mutex<Sweeper>,
@@ -82,17 +89,18 @@ impl SendEngine {
     }
 
     /// Adds a VI to the set the engine scans (D1).
-    pub fn attach(&self, vi: &Arc<Vi>) {
+    pub fn attach(&self, vi: Weak<dyn Ringer>) {
         if self.mode == Doorbell::PerVi {
-            self.vis.lock().push(Arc::downgrade(vi));
+            self.vis.lock().push(vi);
             self.generation.fetch_add(1, Ordering::Release);
         }
     }
 
     /// Removes a destroyed VI from the set (D1).
-    pub fn detach(&self, vi: &Vi) {
+    pub fn detach(&self, vi: &dyn Ringer) {
         if self.mode == Doorbell::PerVi {
-            self.vis.lock().retain(|w| w.upgrade().is_some_and(|v| v.handle != vi.handle));
+            let gone = vi as *const dyn Ringer;
+            self.vis.lock().retain(|w| w.strong_count() > 0 && !std::ptr::addr_eq(w.as_ptr(), gone));
             self.generation.fetch_add(1, Ordering::Release);
         }
     }
@@ -132,10 +140,10 @@ impl SendEngine {
                 }
                 let mut any = false;
                 for vi in sweeper.scanned.iter() {
-                    if vi.doorbell.rung.swap(false, Ordering::AcqRel) {
-                        let taken = std::mem::take(&mut *vi.doorbell.queue.lock());
+                    if vi.doorbell().rung.swap(false, Ordering::AcqRel) {
+                        let taken = std::mem::take(&mut *vi.doorbell().queue.lock());
                         for r in taken {
-                            take(vi, r);
+                            vi.take(r);
                         }
                         any = true;
                     }
@@ -147,7 +155,7 @@ impl SendEngine {
                 loop {
                     let next = self.central.lock().pop_front();
                     let Some((vi, r)) = next else { return any };
-                    take(&vi, r);
+                    vi.take(r);
                     any = true;
                 }
             }
@@ -175,46 +183,26 @@ impl SendEngine {
 
 /// What a sweeper keeps between sweeps (D1): the VIs it scans.
 struct Sweeper {
-    scanned: Vec<Arc<Vi>>,
+    scanned: Vec<Arc<dyn Ringer>>,
     seen: u64,
 }
 
-/// Sweeps the NIC's doorbells, if it has any (called by whoever polls).
-pub(crate) fn progress(nic: &crate::nic::Nic) {
-    if let Some(engine) = &nic.send_engine {
-        engine.sweep();
-    }
-    crate::ring_read::progress(nic);
-}
-
-/// Rings the doorbell of a send that `VipPostSend` has accepted.
-pub(crate) fn ring(vi: &Arc<Vi>, desc: DescPtr, mem: u32) {
-    let Some(engine) = &vi.nic.send_engine else {
-        // A NIC opened without an engine carries its sends out at once.
-        return take(vi, Rung { desc, mem, at: None });
+/// Rings the doorbell of a send that `VipPostSend` has accepted; with no
+/// engine (a NIC opened without one), the send is carried out at once.
+pub(crate) fn ring(engine: Option<&SendEngine>, vi: &Arc<dyn Ringer>, desc: DescPtr, mem: u32) {
+    let Some(engine) = engine else {
+        return vi.take(Rung { desc, mem, at: None });
     };
     let at = tuning().profile.is_some().then(Instant::now);
     let r = Rung { desc, mem, at };
     match engine.mode {
         Doorbell::PerVi => {
-            vi.doorbell.queue.lock().push_back(r);
-            vi.doorbell.rung.store(true, Ordering::Release);
+            vi.doorbell().queue.lock().push_back(r);
+            vi.doorbell().rung.store(true, Ordering::Release);
         }
         _ => engine.central.lock().push_back((vi.clone(), r)),
     }
     if !engine.sweep() {
         engine.wake();
     }
-}
-
-/// The engine takes one rung send and carries it out.
-fn take(vi: &Arc<Vi>, r: Rung) {
-    if let Some(at) = r.at {
-        let c = &vi.nic.counters;
-        c.add(Counter::DoorbellNs, at.elapsed().as_nanos() as u64);
-        c.add(Counter::DoorbellRings, 1);
-    }
-    let mut q = vi.send.lock();
-    q.rung -= 1;
-    vi.carry_out(q, r.desc, r.mem);
 }

@@ -10,6 +10,7 @@
 //! One lane per peer *process*, not per connection, keeps `VipCQDone` O(1)
 //! in the number of VIs: 128 VIs to one peer share one lane.
 
+use crate::handles::{Handle, Kind};
 use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -86,6 +87,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn entries_round_trip() {
+        let vi = ((Kind::Vi as u64) << 56) | (0x12_3456 << 32) | 77;
+        for recv in [false, true] {
+            assert_eq!(CqEntry::decode(CqEntry { vi, recv }.encode()), CqEntry { vi, recv });
+        }
+    }
+
+    #[test]
     fn one_lane_per_live_peer_process() {
         let lanes = Lanes::default();
         let a = lanes.for_peer(100).unwrap();
@@ -110,5 +119,35 @@ mod tests {
         assert!(fresh.kill() && !fresh.kill());
         assert!(lanes.snapshot().iter().all(|l| l.id != fresh.id));
         assert_ne!(lanes.for_peer(100).unwrap().id, fresh.id);
+    }
+}
+
+/// One completion: which VI, which queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqEntry {
+    /// The VI handle.
+    pub vi: Handle,
+    /// True for the receive queue.
+    pub recv: bool,
+}
+
+/// The bit of an inbox word that asks the CQ to drain the VI's ring rather
+/// than report a completion: a message sent through the ring in pieces
+/// waits for room, and its receiver may be waiting on this CQ only.
+pub(crate) const PROGRESS: u64 = 1 << 62;
+
+impl CqEntry {
+    /// The inbox word: the VI handle without its kind byte, the queue in the top bit.
+    pub fn encode(&self) -> u64 {
+        (self.vi & 0x00FF_FFFF_FFFF_FFFF) | ((self.recv as u64) << 63)
+    }
+
+    /// The inbox word that asks for the VI's ring to be drained ([`PROGRESS`]).
+    pub fn encode_progress(&self) -> u64 {
+        self.encode() | PROGRESS
+    }
+    /// Parses an inbox word (untrusted: the VI is looked up before use).
+    pub fn decode(word: u64) -> CqEntry {
+        CqEntry { vi: (word & 0x00FF_FFFF_FFFF_FFFF) | ((Kind::Vi as u64) << 56), recv: word >> 63 == 1 }
     }
 }

@@ -16,12 +16,10 @@ pub mod endpoint;
 pub mod handles;
 pub mod lane;
 pub mod names;
-mod net_path;
 pub mod nic;
 pub mod peer_channel;
 pub mod progress;
 mod queue_lock;
-mod ring_read;
 pub mod settings;
 pub mod timeout;
 pub mod transport;
@@ -30,6 +28,7 @@ pub mod vi;
 mod vi_attrs;
 
 use handles::{Kind, Table};
+use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 pub use cq::Cq;
@@ -71,4 +70,38 @@ pub fn provider() -> &'static Provider {
         peer_bells: Default::default(),
         peer_tables: Default::default(),
     })
+}
+
+/// `VipCloseNic`: closes the NIC, disconnects and destroys its VIs, and
+/// forgets its pending connection requests, CQs and protection tags.
+pub fn close_nic(handle: handles::Handle) -> ViaResult<()> {
+    let nic = Nic::get(handle)?;
+    nic.shut();
+    let p = provider();
+    for (h, vi) in p.vis.all() {
+        if vi.nic.handle == handle {
+            let _ = vi.disconnect();
+            p.vis.remove(h);
+            // A thread that kept it as its last VI must not use it.
+            vi.destroyed.store(true, Ordering::Release);
+        }
+    }
+    for (h, c) in p.conns.all() {
+        if c.nic.handle == handle {
+            p.conns.remove(h);
+        }
+    }
+    for (h, cq) in p.cqs.all() {
+        if cq.nic.handle == handle {
+            p.cqs.remove(h);
+            cq.destroyed.store(true, Ordering::Release);
+        }
+    }
+    for (h, t) in p.ptags.all() {
+        if t.nic == handle {
+            p.ptags.remove(h);
+        }
+    }
+    p.nics.remove(handle);
+    Ok(())
 }

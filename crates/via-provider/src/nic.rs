@@ -2,6 +2,7 @@
 
 use crate::handles::Handle;
 use crate::provider;
+use crate::transport::shm::conn::FENCE_LIMIT;
 use parking_lot::Mutex;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -87,7 +88,7 @@ pub struct Nic {
     /// The shared-memory connections of this NIC's VIs, for the fence of
     /// `VipDeregisterMem`: found without any work queue's lock, which a
     /// thread other than the one that posts would otherwise take from it.
-    pub(crate) shm_conns: Mutex<Vec<(Handle, std::sync::Weak<crate::connect::Conn>)>>,
+    pub(crate) shm_conns: Mutex<Vec<(Handle, std::sync::Weak<crate::transport::shm::Conn>)>>,
     /// The send engine that doorbells wake (`VIA_DOORBELL=d1|d2`).
     pub(crate) send_engine: Option<Arc<crate::doorbell::SendEngine>>,
 }
@@ -194,11 +195,9 @@ impl Nic {
             list.iter().filter_map(|(vi, c)| Some((*vi, c.upgrade()?))).collect()
         };
         for (vi, conn) in conns {
-            if !conn.seg.wait_for_peer_copies(crate::vi::FENCE_LIMIT) {
-                tracing::warn!(vi, "the peer held a copy past {:?}: connection broken", crate::vi::FENCE_LIMIT);
-                if let Ok(vi) = crate::vi::Vi::get(vi) {
-                    vi.peer_lost(&conn, error_code::CONN_LOST);
-                }
+            if !conn.seg.wait_for_peer_copies(FENCE_LIMIT) {
+                tracing::warn!(vi, "the peer held a copy past {FENCE_LIMIT:?}: connection broken");
+                (conn.lost)(&conn, error_code::CONN_LOST);
             }
         }
         Ok(())
@@ -209,44 +208,19 @@ impl Nic {
         provider().nics.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
-    /// Closes the NIC and everything still open on it.
-    pub fn close(handle: Handle) -> ViaResult<()> {
-        let nic = Nic::get(handle)?;
-        nic.closed.store(true, Ordering::Release);
-        signal_closing(&nic.closing);
-        crate::counters::write_profile(&nic.device.name, &nic.counters);
-        if let Some(engine) = &nic.send_engine {
+    /// Closes it to the application: calls blocked on it end, its
+    /// counters go to the profile, its send engine stops, and no error
+    /// callback runs after this returns.  The provider then forgets its
+    /// objects ([`crate::close_nic`]).
+    pub(crate) fn shut(&self) {
+        self.closed.store(true, Ordering::Release);
+        signal_closing(&self.closing);
+        crate::counters::write_profile(&self.device.name, &self.counters);
+        if let Some(engine) = &self.send_engine {
             engine.shut_down();
         }
         // Wait for a handler call under way; none starts after this.
-        nic.set_error_handler(None);
-        let p = provider();
-        for (h, vi) in p.vis.all() {
-            if vi.nic.handle == handle {
-                let _ = vi.disconnect();
-                p.vis.remove(h);
-                // A thread that kept it as its last VI must not use it.
-                vi.destroyed.store(true, Ordering::Release);
-            }
-        }
-        for (h, c) in p.conns.all() {
-            if c.nic.handle == handle {
-                p.conns.remove(h);
-            }
-        }
-        for (h, cq) in p.cqs.all() {
-            if cq.nic.handle == handle {
-                p.cqs.remove(h);
-                cq.destroyed.store(true, Ordering::Release);
-            }
-        }
-        for (h, t) in p.ptags.all() {
-            if t.nic == handle {
-                p.ptags.remove(h);
-            }
-        }
-        p.nics.remove(handle);
-        Ok(())
+        self.set_error_handler(None);
     }
 
     /// Whether the network port has been opened.

@@ -23,7 +23,7 @@ pub unsafe extern "C" fn VipOpenNic(name: *const c_char, out: *mut VIP_PVOID) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn VipCloseNic(nic: VIP_PVOID) -> VIP_RETURN {
-    call(|| Nic::close(h(nic)))
+    call(|| via_provider::close_nic(h(nic)))
 }
 
 #[no_mangle]

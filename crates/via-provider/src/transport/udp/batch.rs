@@ -301,9 +301,9 @@ impl<'a> Iterator for Split<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::udp::{kernel_has_gso, socket_addr};
-    use crate::transport::udp::send::{send_groups, OutPackets};
     use crate::transport::udp::peer_socket::set_option;
+    use crate::transport::udp::send::{send_groups, OutPackets};
+    use crate::transport::udp::{kernel_has_gso, socket_addr};
     use std::net::UdpSocket;
     use std::os::fd::AsRawFd;
     use std::time::Instant;

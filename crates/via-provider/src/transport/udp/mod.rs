@@ -25,12 +25,12 @@ mod read_schedule;
 pub(crate) mod send;
 
 use crate::counters::{Counter, Counters};
-use crate::transport::udp::ether::EtherSocket;
-use crate::transport::udp::batch::{first_packet_len, Batch, GRO_BUFFER};
-use crate::transport::udp::send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
-use crate::transport::udp::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::progress;
+use crate::transport::udp::batch::{first_packet_len, Batch, GRO_BUFFER};
+use crate::transport::udp::ether::EtherSocket;
+use crate::transport::udp::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::transport::udp::read_schedule::ReadSchedule;
+use crate::transport::udp::send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use crate::tuning::tuning;
 use parking_lot::{Mutex, RwLock};
 use std::borrow::Cow;

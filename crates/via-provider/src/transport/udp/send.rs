@@ -564,8 +564,13 @@ mod tests {
         use std::net::UdpSocket;
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        crate::transport::udp::peer_socket::set_option_to(std::os::fd::AsRawFd::as_raw_fd(&rx), libc::SOL_UDP, libc::UDP_GRO, &1i32)
-            .unwrap();
+        crate::transport::udp::peer_socket::set_option_to(
+            std::os::fd::AsRawFd::as_raw_fd(&rx),
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            &1i32,
+        )
+        .unwrap();
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
         let addr = crate::transport::udp::socket_addr(rx.local_addr().unwrap());
         let mut buf = vec![0u8; 65536];

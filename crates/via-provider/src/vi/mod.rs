@@ -9,16 +9,19 @@
 //! polls its ring (`recv_done`, `recv_wait`, via a CQ).  Lock order: `recv`
 //! before `send`.
 
-use crate::connect::Conn;
+mod net_path;
+mod ring_read;
+
 use crate::counters::StageTimer;
 use crate::counters::{Counter, CounterRow};
 use crate::cq::{Cq, CqEntry};
-use crate::doorbell::{self, ViDoorbell};
+use crate::doorbell::{self, Ringer, Rung, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
 use crate::handles::{Handle, ThreadCache};
 use crate::nic::{ErrorEvent, Nic};
 use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
+use crate::transport::shm::Conn;
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::vi_attrs::AttrCell;
 pub use crate::vi_attrs::ViAttrs;
@@ -103,7 +106,7 @@ pub(crate) struct RecvQueue {
     pub rdma: Option<RingWrite>,
     /// Shared memory: the RDMA reads through the ring this VI owes its
     /// peer, in order (`ring_read`).
-    pub answers: VecDeque<crate::ring_read::Answer>,
+    pub answers: VecDeque<ring_read::Answer>,
     /// Messages and bytes received.
     pub tally: CounterRow,
 }
@@ -188,7 +191,7 @@ pub(crate) struct SendQueue {
     pub rung: usize,
     /// Shared memory: RDMA reads through the ring in flight, in order
     /// (`ring_read`); their descriptors wait in `items`.
-    pub ring_reads: VecDeque<crate::ring_read::RingRead>,
+    pub ring_reads: VecDeque<ring_read::RingRead>,
     /// The number of the next RDMA read through the ring.
     pub next_read: u64,
     /// Messages, bytes and copies sent.
@@ -285,7 +288,7 @@ pub struct Vi {
     wake_word: AtomicU32,
     sleepers: AtomicUsize,
     /// Outcome of an asynchronous peer connection request.
-    pub(crate) peer_outcome: Mutex<Option<ViaResult<crate::connect::Linked>>>,
+    pub(crate) peer_outcome: Mutex<Option<ViaResult<crate::transport::Linked>>>,
     /// Set when the VI is destroyed, for notify threads.
     pub destroyed: std::sync::atomic::AtomicBool,
     /// Its doorbell (`VIA_DOORBELL=d1`).
@@ -364,7 +367,7 @@ impl Vi {
             return Err(ViaError::Resource);
         };
         if let Some(engine) = &nic.send_engine {
-            engine.attach(&vi);
+            engine.attach(Arc::downgrade(&vi) as std::sync::Weak<dyn Ringer>);
         }
         tag.vi_users.fetch_add(1, Ordering::AcqRel);
         if let Some(cq) = &send_cq {
@@ -400,7 +403,7 @@ impl Vi {
         }
         vi.destroyed.store(true, Ordering::Release);
         if let Some(engine) = &vi.nic.send_engine {
-            engine.detach(&vi);
+            engine.detach(&*vi);
         }
         vi.bump();
         vi.nic.vi_count.fetch_sub(1, Ordering::AcqRel);
@@ -601,7 +604,7 @@ impl Vi {
         if let Some(conn) = s.conn.take() {
             conn.tell(crate::endpoint::PeerMessage::Disconnect);
             conn.unwatch();
-            close_fenced(&conn);
+            conn.close_fenced();
         }
         if let Some(link) = s.net.take() {
             link.disconnect();
@@ -652,7 +655,7 @@ impl Vi {
                 conn.tell(crate::endpoint::PeerMessage::Break(code));
             }
             conn.unwatch();
-            close_fenced(&conn);
+            conn.close_fenced();
         }
         if let Some(link) = s.net.take() {
             link.close(theirs);
@@ -1082,7 +1085,7 @@ impl Vi {
 
     /// `VipRecvDone`.
     pub fn recv_done(&self) -> ViaResult<DescPtr> {
-        doorbell::progress(&self.nic);
+        progress_nic(&self.nic);
         poll_answer(done_first(self.nic.has_port(), || self.poll_net(), || self.take_received()))
     }
 
@@ -1182,7 +1185,8 @@ impl Vi {
         } else {
             q.rung += 1;
             drop(q);
-            doorbell::ring(self, desc, mem);
+            let ringer: Arc<dyn Ringer> = self.clone();
+            doorbell::ring(self.nic.send_engine.as_deref(), &ringer, desc, mem);
         }
         timer.stop(&self.nic.counters, Counter::PostSendNs, Some(Counter::PostSendCalls));
         Ok(())
@@ -1280,7 +1284,7 @@ impl Vi {
 
     /// `VipSendDone`.
     pub fn send_done(&self) -> ViaResult<DescPtr> {
-        doorbell::progress(&self.nic);
+        progress_nic(&self.nic);
         poll_answer(done_first(self.nic.has_port(), || self.poll_net(), || self.take_sent()))
     }
 
@@ -1356,6 +1360,33 @@ impl Vi {
     }
 }
 
+/// The NIC's send engine takes a rung send and carries it out.
+impl Ringer for Vi {
+    fn doorbell(&self) -> &ViDoorbell {
+        &self.doorbell
+    }
+
+    fn take(&self, r: Rung) {
+        if let Some(at) = r.at {
+            let c = &self.nic.counters;
+            c.add(Counter::DoorbellNs, at.elapsed().as_nanos() as u64);
+            c.add(Counter::DoorbellRings, 1);
+        }
+        let mut q = self.send.lock();
+        q.rung -= 1;
+        self.carry_out(q, r.desc, r.mem);
+    }
+}
+
+/// What whoever polls a NIC does first: sweeps its doorbells, if it has
+/// any, and moves the shared-memory RDMA reads through the ring on.
+pub(crate) fn progress_nic(nic: &Nic) {
+    if let Some(engine) = &nic.send_engine {
+        engine.sweep();
+    }
+    ring_read::progress(nic);
+}
+
 fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {
     let tag = nic.ptag(attrs.ptag)?;
     if ![SERVICE_UNRELIABLE, SERVICE_RELIABLE_DELIVERY, SERVICE_RELIABLE_RECEPTION].contains(&attrs.reliability) {
@@ -1394,20 +1425,6 @@ pub(crate) const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: erro
 /// An RDMA write through the ring that this side refused, on a reliable VI:
 /// both ends report the protection error, as over the network.
 const RDMAW_REFUSED: Break = Break { mine: error_code::RDMAW_PROT, theirs: error_code::RDMAW_PROT };
-
-/// How long a fence waits for a peer's copy under way: an honest one takes
-/// a millisecond for the largest message.
-pub(crate) const FENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Closes this side of a shared-memory connection and waits for the
-/// peer's copies under way: once a disconnect or a break returns, none of
-/// them lands in this process's buffers (which the flush hands back).
-fn close_fenced(conn: &Conn) {
-    conn.seg.mark_closed();
-    if !conn.seg.wait_for_peer_copies(FENCE_LIMIT) {
-        tracing::warn!("the peer held a copy past {FENCE_LIMIT:?} while the connection closed");
-    }
-}
 
 /// Carries out one validated send-queue operation on a connection.
 /// Returns the status bits to add, the length, and whether the connection must break.

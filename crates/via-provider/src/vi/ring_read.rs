@@ -28,10 +28,10 @@
 //! polls or waits on its receive queue, or polls a CQ, or waits for a read
 //! of its own).
 
-use crate::connect::Conn;
 use crate::counters::Counter;
 use crate::nic::Nic;
 use crate::queue_lock::QueueGuard;
+use crate::transport::shm::Conn;
 use crate::vi::{push_room, scattered, Break, RecvQueue, SendItem, SendQueue, Vi, RING_ROOM_LIMIT};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
