@@ -11,6 +11,7 @@ mod clock;
 pub mod connect;
 pub mod counters;
 pub mod cq;
+mod cq_wait;
 mod doorbell;
 pub mod endpoint;
 pub mod handles;

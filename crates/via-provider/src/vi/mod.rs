@@ -371,10 +371,10 @@ impl Vi {
         }
         tag.vi_users.fetch_add(1, Ordering::AcqRel);
         if let Some(cq) = &send_cq {
-            cq.attach(&vi, false);
+            cq.attach(handle, false);
         }
         if let Some(cq) = &recv_cq {
-            cq.attach(&vi, true);
+            cq.attach(handle, true);
         }
         Ok(handle)
     }
@@ -411,10 +411,10 @@ impl Vi {
             tag.vi_users.fetch_sub(1, Ordering::AcqRel);
         }
         if let Some(cq) = &vi.send_cq {
-            cq.detach(&vi, false);
+            cq.detach(vi.handle, false);
         }
         if let Some(cq) = &vi.recv_cq {
-            cq.detach(&vi, true);
+            cq.detach(vi.handle, true);
         }
         Ok(())
     }
