@@ -65,7 +65,7 @@ fn imports(code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
             let group = &rest[rest.find('{').unwrap() + 1..];
             let group = &group[..group.find('}').unwrap_or(group.len())];
             for item in group.split(',') {
-                let item = item.trim().split_whitespace().next().unwrap_or("");
+                let item = item.split_whitespace().next().unwrap_or("");
                 let full = if path.is_empty() { item.to_string() } else { format!("{path}::{item}") };
                 add(&full);
             }
