@@ -28,11 +28,12 @@
 //! polls or waits on its receive queue, or polls a CQ, or waits for a read
 //! of its own).
 
+use super::shm_path::{push_room, scattered, RING_ROOM_LIMIT};
+use super::{Break, RecvQueue, SendItem, SendQueue, Vi};
 use crate::counters::Counter;
 use crate::nic::Nic;
 use crate::queue_lock::QueueGuard;
 use crate::transport::shm::Conn;
-use crate::vi::{push_room, scattered, Break, RecvQueue, SendItem, SendQueue, Vi, RING_ROOM_LIMIT};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -236,7 +237,7 @@ impl Vi {
             target[8..].copy_from_slice(&handle.to_le_bytes());
             let mut waited = None;
             match push_room(conn, &hdr, std::iter::once(&target[..]), &mut waited) {
-                Err(()) => Some((STATUS_TRANSPORT_ERROR, crate::vi::LOST)),
+                Err(()) => Some((STATUS_TRANSPORT_ERROR, super::shm_path::LOST)),
                 Ok(()) => {
                     // A target that waits on its CQ only answers now.
                     conn.ask_peer_to_drain();
@@ -489,7 +490,7 @@ impl Vi {
         for _ in 0..completed {
             self.push_cq(false);
         }
-        Some(crate::vi::LOST)
+        Some(super::shm_path::LOST)
     }
 
     /// Forgets the ring reads in flight (their descriptors are flushed by
