@@ -5,8 +5,51 @@
 pub mod shm;
 pub mod udp;
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, PeerMessage};
 use std::sync::Arc;
+
+/// The transport a connected VI uses.  The VI records it in one place,
+/// its send queue (`vi::SendQueue::link`), and dispatches on it with a
+/// `match`: no dynamic call on the data path.
+#[derive(Clone)]
+pub(crate) enum Link {
+    /// Shared memory, to a process of this host.
+    Shm(Arc<shm::Conn>),
+    /// UDP (and Ethernet frames), to another host.
+    Net(Arc<udp::NetLink>),
+}
+
+/// How a VI's connection ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// `VipDisconnect`: the peer hears of a disconnect.
+    Disconnect,
+    /// An error: the peer hears this code, if there is one to tell.
+    Break(Option<u32>),
+}
+
+impl Link {
+    /// Ends this side of the connection: tells the peer, stops serving it,
+    /// and on shared memory waits out the peer's copies under way, so that
+    /// none lands in this process's buffers once this returns.
+    pub(crate) fn end(&self, how: Ending) {
+        match self {
+            Link::Shm(conn) => {
+                match how {
+                    Ending::Disconnect => conn.tell(PeerMessage::Disconnect),
+                    Ending::Break(Some(code)) => conn.tell(PeerMessage::Break(code)),
+                    Ending::Break(None) => {}
+                }
+                conn.unwatch();
+                conn.close_fenced();
+            }
+            Link::Net(link) => match how {
+                Ending::Disconnect => link.disconnect(),
+                Ending::Break(theirs) => link.close(theirs),
+            },
+        }
+    }
+}
 
 /// A connection being completed: shared memory or network.
 pub(crate) enum Linked {

@@ -21,6 +21,7 @@ use crate::nic::{ErrorEvent, Nic};
 use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::transport::shm::Conn;
+use crate::transport::{Ending, Link};
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::vi_attrs::AttrCell;
 pub use crate::vi_attrs::ViAttrs;
@@ -164,10 +165,9 @@ pub(crate) struct SendQueue {
     pub done: usize,
     /// CQ2: how many of the completed items `VipCQDone` has reported.
     pub cq_seen: usize,
-    /// Shared-memory connection.
-    pub conn: Option<Arc<Conn>>,
-    /// Network connection.
-    pub net: Option<Arc<crate::transport::udp::NetLink>>,
+    /// The connection's transport: the one place it is recorded
+    /// (`Vi::attach_link`).
+    pub link: Option<Link>,
     /// Posted, its doorbell rung, not yet taken by the send engine.
     pub rung: usize,
     /// Shared memory: RDMA reads through the ring in flight, in order
@@ -180,6 +180,22 @@ pub(crate) struct SendQueue {
 }
 
 impl SendQueue {
+    /// The shared-memory connection, if that is the transport.
+    pub fn conn(&self) -> Option<&Arc<Conn>> {
+        match &self.link {
+            Some(Link::Shm(conn)) => Some(conn),
+            _ => None,
+        }
+    }
+
+    /// The network link, if that is the transport.
+    pub fn net(&self) -> Option<&Arc<crate::transport::udp::NetLink>> {
+        match &self.link {
+            Some(Link::Net(link)) => Some(link),
+            _ => None,
+        }
+    }
+
     /// Moves the completed prefix forward; returns how many completed now.
     pub fn advance(&mut self) -> usize {
         let before = self.done;
@@ -566,7 +582,7 @@ impl Vi {
         cma::allow_peer(conn.peer_pid);
         self.lane.store(conn.lane_in.id, Ordering::Release);
         self.nic.shm_conns.lock().push((self.handle, Arc::downgrade(&conn)));
-        s.conn = Some(conn.clone());
+        self.attach_link(&mut s, Link::Shm(conn.clone()));
         self.set_state(ViState::Connected);
         self.nic.counters.add(Counter::Connects, 1);
         drop(s);
@@ -576,72 +592,45 @@ impl Vi {
 
     /// `VipDisconnect`: Connected or Error -> Idle, flushing what is posted.
     pub fn disconnect(&self) -> ViaResult<()> {
-        let mut r = self.recv.lock();
-        let mut s = self.send.lock();
-        match self.state() {
-            ViState::Connected | ViState::Error => {}
-            _ => return Err(ViaError::InvalidState),
+        match self.end_connection(Ending::Disconnect, None) {
+            true => Ok(()),
+            false => Err(ViaError::InvalidState),
         }
-        if let Some(conn) = s.conn.take() {
-            conn.tell(crate::endpoint::PeerMessage::Disconnect);
-            conn.unwatch();
-            conn.close_fenced();
-        }
-        if let Some(link) = s.net.take() {
-            link.disconnect();
-            *self.net.lock() = None;
-            self.networked.store(false, Ordering::Release);
-        }
-        self.flush_sends(&mut s);
-        self.forget_ring_work(&mut r, &mut s);
-        self.drain(&mut r, Drain::Closing);
-        self.flush(&mut r);
-        r.inbound = None;
-        r.dropping = None;
-        // Wake a waiter asleep on the ring: there is nothing more to wait for.
-        if let Some(seg) = r.seg.take() {
-            seg.rx().wake();
-        }
-        self.set_state(ViState::Idle);
-        drop(s);
-        drop(r);
-        self.bump();
-        Ok(())
     }
 
     /// The peer went away or broke the connection: Error state, flushed queues, callback.
     /// Only `conn`'s own events count: a late one of an earlier connection is ignored.
     pub(crate) fn peer_lost(&self, conn: &Conn, code: u32) {
-        if self.enter_error(None, Some(conn)) {
+        if self.end_connection(Ending::Break(None), Some(conn)) {
             self.report(code);
         }
     }
 
-    /// Connected -> Error, telling the peer `theirs` if given.  True if this call made the change.
-    fn enter_error(&self, theirs: Option<u32>, only: Option<&Conn>) -> bool {
+    /// The one way a connection ends, by `VipDisconnect` (Connected or
+    /// Error -> Idle) or by an error (Connected -> Error): the transport
+    /// tells the peer and lets go, then every posted descriptor is flushed
+    /// and whoever waits is woken.  With `only`, only while that
+    /// shared-memory connection is the VI's.  True if this call ended it.
+    fn end_connection(&self, how: Ending, only: Option<&Conn>) -> bool {
         let mut r = self.recv.lock();
         let mut s = self.send.lock();
-        if self.state() != ViState::Connected {
-            return false;
+        let state = self.state();
+        match how {
+            Ending::Disconnect if !matches!(state, ViState::Connected | ViState::Error) => return false,
+            Ending::Break(_) if state != ViState::Connected => return false,
+            _ => {}
         }
-        if let (Some(only), Some(current)) = (only, &s.conn) {
-            if !std::ptr::eq(only, Arc::as_ptr(current)) {
+        if let Some(only) = only {
+            if !s.conn().is_some_and(|current| std::ptr::eq(only, Arc::as_ptr(current))) {
                 return false;
             }
         }
-        self.set_state(ViState::Error);
-        self.nic.counters.add(Counter::Breaks, 1);
-        if let Some(conn) = s.conn.take() {
-            if let Some(code) = theirs {
-                conn.tell(crate::endpoint::PeerMessage::Break(code));
-            }
-            conn.unwatch();
-            conn.close_fenced();
+        if let Ending::Break(_) = how {
+            self.set_state(ViState::Error);
+            self.nic.counters.add(Counter::Breaks, 1);
         }
-        if let Some(link) = s.net.take() {
-            link.close(theirs);
-            *self.net.lock() = None;
-            self.networked.store(false, Ordering::Release);
+        if let Some(link) = self.detach_link(&mut s) {
+            link.end(how);
         }
         self.flush_sends(&mut s);
         self.forget_ring_work(&mut r, &mut s);
@@ -653,10 +642,34 @@ impl Vi {
         if let Some(seg) = r.seg.take() {
             seg.rx().wake();
         }
+        if how == Ending::Disconnect {
+            self.set_state(ViState::Idle);
+        }
         drop(s);
         drop(r);
         self.bump();
         true
+    }
+
+    /// Records the transport of a connection that completes (both queue
+    /// locks held): the send queue holds it, and a network link is also
+    /// readable without the queue locks, for the port's receive path.
+    fn attach_link(&self, s: &mut SendQueue, link: Link) {
+        if let Link::Net(net) = &link {
+            *self.net.lock() = Some(net.clone());
+            self.networked.store(true, Ordering::Release);
+        }
+        s.link = Some(link);
+    }
+
+    /// Forgets the transport of a connection that ends (both queue locks held).
+    fn detach_link(&self, s: &mut SendQueue) -> Option<Link> {
+        let link = s.link.take()?;
+        if let Link::Net(_) = link {
+            *self.net.lock() = None;
+            self.networked.store(false, Ordering::Release);
+        }
+        Some(link)
     }
 
     /// Completes every pending send with DESC_FLUSHED_ERROR.
@@ -673,13 +686,13 @@ impl Vi {
 
     /// The network link went down: Error state, flushed queues, callback.
     pub(crate) fn net_lost(&self, code: u32) {
-        if self.enter_error(None, None) {
+        if self.end_connection(Ending::Break(None), None) {
             self.report(code);
         }
     }
 
     pub(crate) fn break_connection(&self, why: Break) {
-        if self.enter_error(Some(why.theirs), None) {
+        if self.end_connection(Ending::Break(Some(why.theirs)), None) {
             self.report(why.mine);
         }
     }
@@ -924,7 +937,7 @@ impl Vi {
             self.bump();
             return;
         }
-        if let Some(link) = q.net.clone() {
+        if let Some(link) = q.net().cloned() {
             let events = self.post_net(&mut q, &link, desc, mem, &rules, &attrs);
             // The usual post completes nothing yet and hears of nothing:
             // then there is nothing to apply.

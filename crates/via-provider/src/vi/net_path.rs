@@ -4,8 +4,8 @@
 
 use crate::counters::{Counter, StageTimer};
 use crate::transport::udp::{scatter, Gather, NetEvent, NetEvents, NetLink, NetReceiver, Registered, RegistryOwner};
+use crate::transport::Link;
 use crate::vi::{reliable, Break, Inbound, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use via_core::consts::error_code;
 use via_core::consts::*;
@@ -62,9 +62,7 @@ impl Vi {
         // Sends' buffers are checked against this registry before their
         // bytes are read (`Outbound::check`).
         link.state.lock().registry_of = Some(self.nic.clone() as Arc<dyn RegistryOwner>);
-        s.net = Some(link.clone());
-        *self.net.lock() = Some(link);
-        self.networked.store(true, Ordering::Release);
+        self.attach_link(&mut s, Link::Net(link));
         // Nothing of an earlier connection's messages carries over.
         r.inbound = None;
         r.dropping = None;
@@ -327,7 +325,7 @@ impl Vi {
         {
             let mut r = self.recv.lock();
             let mut s = self.send.lock();
-            if !s.net.as_ref().is_some_and(|l| Arc::ptr_eq(l, link)) {
+            if !s.net().is_some_and(|l| Arc::ptr_eq(l, link)) {
                 return; // a late event of a link that is gone
             }
             for event in events {

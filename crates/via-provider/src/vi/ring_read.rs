@@ -333,7 +333,7 @@ impl Vi {
     pub(crate) fn pump_answers(&self, q: &mut RecvQueue, seg: &ConnSegment) -> Result<(), ()> {
         // The send queue's lock: the ring's one producer at a time.
         let s = self.send.lock();
-        if s.conn.is_none() {
+        if s.conn().is_none() {
             return Ok(());
         }
         let tx = seg.tx();

@@ -11,6 +11,7 @@ use crate::counters::{Counter, CounterRow, StageTimer};
 use crate::endpoint::NO_CQ;
 use crate::queue_lock::QueueGuard;
 use crate::transport::shm::Conn;
+use crate::transport::Link;
 use crate::tuning::tuning;
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
@@ -60,7 +61,12 @@ impl Vi {
         timer.stop(counters, Counter::ValidateNs, None);
         let timer = StageTimer::start();
         let queue = &mut *q;
-        let (status, length, broken) = match (&queue.conn, checked) {
+        // The link's field, not `conn()`: the tally is borrowed beside it.
+        let conn = match &queue.link {
+            Some(Link::Shm(conn)) => Some(conn),
+            _ => None,
+        };
+        let (status, length, broken) = match (conn, checked) {
             (None, _) => (STATUS_DESC_FLUSHED_ERROR, 0, None),
             (Some(_), Err(bits)) => {
                 let why = reliable(attrs.reliability)
