@@ -13,18 +13,21 @@
 //! processor picks a doorbell up: `VipPostSend` rings and then sweeps, and
 //! `VipSendDone`, `VipRecvDone`, `VipCQDone` and the waits built on them
 //! sweep before they look for completions.  One sweeper at a time: a thread
-//! that finds the engine busy leaves its doorbell to the engine's own thread
-//! (`openvia-send`), which sleeps until such a doorbell wakes it and then
-//! waits its turn, so no rung send is ever left behind.
+//! that finds the engine busy leaves its doorbell to the progress engine's
+//! helper thread (the send engine is one of its sources), which the
+//! doorbell wakes and which then waits its turn, so no rung send is ever
+//! left behind.
 
+use crate::progress::{self, Source, Token};
 use crate::tuning::{tuning, Doorbell};
 use parking_lot::Mutex;
+use rustix::event::{eventfd, EventfdFlags};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use via_core::descriptor::DescPtr;
-use via_shm::futex;
 
 /// A posted send waiting for the engine.
 pub(crate) struct Rung {
@@ -61,11 +64,18 @@ pub(crate) struct SendEngine {
     /// Held while sweeping, so that one sweeper at a time takes rung sends
     /// and each VI's sends are carried out in posting order.
     sweeper: Mutex<Sweeper>,
-    /// Futex word: changes with every doorbell.
-    word: AtomicU32,
-    sleeping: AtomicBool,
-    stop: AtomicBool,
+    /// Written when a doorbell finds the sweeper busy: the helper thread
+    /// then sweeps.
+    wakeup: OwnedFd,
+    /// Whether `wakeup` was written and not yet read (one write is enough).
+    woken: AtomicBool,
+    /// Its token in the progress engine.
+    token: AtomicU64,
 }
+
+/// How often the helper thread sweeps the doorbells anyway, in case a wake
+/// was missed.
+const SWEEP_ANYWAY: Duration = Duration::from_millis(50);
 
 impl SendEngine {
     /// Starts the send engine of a NIC, if the doorbell setting asks for one.
@@ -73,18 +83,20 @@ impl SendEngine {
         if tuning().doorbell == Doorbell::Direct {
             return Ok(None);
         }
+        let wakeup = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let engine = Arc::new(SendEngine {
             mode: tuning().doorbell,
             vis: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             central: Mutex::new(VecDeque::new()),
             sweeper: Mutex::new(Sweeper { scanned: Vec::new(), seen: u64::MAX }),
-            word: AtomicU32::new(0),
-            sleeping: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
+            wakeup,
+            woken: AtomicBool::new(false),
+            token: AtomicU64::new(0),
         });
-        let e = engine.clone();
-        std::thread::Builder::new().name("openvia-send".into()).spawn(move || e.run())?;
+        let token = progress::register(Arc::downgrade(&engine) as Weak<dyn Source>, true);
+        engine.token.store(token, Ordering::Release);
+        progress::watch_fd(engine.wakeup.as_fd(), token);
         Ok(Some(engine))
     }
 
@@ -105,16 +117,18 @@ impl SendEngine {
         }
     }
 
-    /// Ends the engine's thread (`VipCloseNic`).
+    /// Leaves the progress engine (`VipCloseNic`), after one last sweep.
     pub fn shut_down(&self) {
-        self.stop.store(true, Ordering::Release);
-        self.wake();
+        let token: Token = self.token.swap(0, Ordering::AcqRel);
+        if token != 0 && progress::unregister(token) {
+            progress::unwatch_fd(self.wakeup.as_fd());
+        }
+        self.sweep_locked(&mut self.sweeper.lock());
     }
 
     fn wake(&self) {
-        self.word.fetch_add(1, Ordering::SeqCst);
-        if self.sleeping.load(Ordering::SeqCst) {
-            futex::futex_wake(&self.word, 1);
+        if !self.woken.swap(true, Ordering::AcqRel) {
+            let _ = rustix::io::write(&self.wakeup, &1u64.to_ne_bytes());
         }
     }
 
@@ -162,22 +176,21 @@ impl SendEngine {
             Doorbell::Direct => false,
         }
     }
+}
 
-    fn run(self: Arc<Self>) {
-        while !self.stop.load(Ordering::Acquire) {
-            self.sleeping.store(true, Ordering::SeqCst);
-            let word = self.word.load(Ordering::SeqCst);
-            // Sweeps once more after announcing the sleep: a doorbell rung
-            // before `word` was read is found here, one rung after wakes us.
-            // Waits for a sweeper under way: it may have passed the doorbell.
-            let mut sweeper = self.sweeper.lock();
-            let found = self.sweep_locked(&mut sweeper);
-            drop(sweeper);
-            if !found && !self.stop.load(Ordering::Acquire) {
-                futex::futex_wait(&self.word, word, Some(Duration::from_millis(50)));
-            }
-            self.sleeping.store(false, Ordering::SeqCst);
-        }
+/// The helper thread sweeps for a doorbell that found the sweeper busy:
+/// it waits for the sweeper under way, which may have passed that doorbell.
+impl Source for SendEngine {
+    fn ready(&self) {
+        let _ = rustix::io::read(&self.wakeup, &mut [0u8; 8]);
+        self.woken.store(false, Ordering::Release);
+        self.sweep_locked(&mut self.sweeper.lock());
+    }
+
+    fn service(&self, now: Instant) -> Option<Instant> {
+        // A sweeper under way will do: the helper thread never waits here.
+        self.sweep();
+        Some(now + SWEEP_ANYWAY)
     }
 }
 
