@@ -28,9 +28,12 @@
 //!
 //! Flow control: the ack in front of a block is the count of blocks its
 //! writer has received (free in a ping-pong, where every block answers one).
-//! A reader that has taken half the slots without writing anything back
-//! writes that count alone into the writer's header, with a check word, so
-//! that a count caught half written is ignored.
+//! A reader about to wait that has taken half the slots without writing
+//! anything back writes that count alone into the writer's header, with a
+//! check word, so that a count caught half written is ignored.  There are
+//! eight slots a direction, fewer for blocks above 256 KiB (two of a MiB:
+//! large blocks cycle through little memory, as VIA's RDMA writes land in
+//! one buffer).
 //!
 //! The flag lies in memory of the reader's own that no other process maps,
 //! so there is no futex to sleep on: raw-cma polls only (`--wait poll`).
@@ -45,6 +48,9 @@ use std::time::Duration;
 
 /// Most slots per direction.
 const MAX_SLOTS: usize = 8;
+/// Bytes of slots per direction, as far as two slots allow: large blocks
+/// cycle through few buffers, as VIA's RDMA writes land in one.
+const SLOT_BUDGET: usize = 2 << 20;
 /// Bytes before the slots: the standalone acknowledgement (count, check).
 const HEADER: usize = 64;
 
@@ -62,7 +68,7 @@ pub fn slot_layout(len: usize) -> (usize, usize, usize) {
 /// `max_block` bytes.
 pub fn geometry(max_block: usize) -> (usize, usize, usize) {
     let stride = round_up(slot_layout(max_block.max(ACK_BYTES)).2 + 8, 64);
-    let slots = ((64 << 20) / stride).clamp(2, MAX_SLOTS);
+    let slots = (SLOT_BUDGET / stride).clamp(2, MAX_SLOTS);
     (stride, slots, HEADER + slots * stride)
 }
 
@@ -232,6 +238,13 @@ impl Link for CmaLink {
     }
 
     fn recv(&mut self, len: usize, keep: bool) -> Result<()> {
+        // Before waiting, as VIA posts its receives again: the slots taken
+        // since this side last wrote to the peer, if they are half of them.
+        // In a ping-pong the answer has carried the count already; the
+        // block kept for checking stays until the next wait.
+        if self.received - self.announced >= (self.slots as u64 / 2).max(1) {
+            self.send_ack()?;
+        }
         let i = (self.received % self.slots as u64) as usize;
         let (ack_at, block_at, flag_at) = slot_layout(len);
         let base = self.slot(i);
@@ -252,9 +265,6 @@ impl Link for CmaLink {
         self.received = expected;
         if keep {
             self.kept = Some((base + block_at, len));
-        }
-        if self.received - self.announced >= (self.slots as u64 / 2).max(1) {
-            self.send_ack()?;
         }
         Ok(())
     }
@@ -318,7 +328,9 @@ mod tests {
         assert_eq!(slot_layout(41), (56, 64, 112));
         let (stride, slots, _) = geometry(1 << 20);
         assert_eq!(stride, (1 << 20) + 128);
-        assert_eq!(slots, 8);
+        assert_eq!(slots, 2);
+        assert_eq!(geometry(200_000).1, 8);
+        assert_eq!(geometry(300_000).1, 6);
         for len in [1, 7, 8, 9, 40, 41, 4096, 1 << 20] {
             let (ack, block, flag) = slot_layout(len);
             assert_eq!(ack + 8, block);
