@@ -725,10 +725,31 @@ impl ViaLink {
                 first.get_or_insert(e.into());
             }
         };
+        let cq = self.cq;
         for s in self.vis.drain(..) {
             if s.connected {
                 // SAFETY: a VI handle of ours.
                 note(check("VipDisconnect", unsafe { VipDisconnect(s.vi) }));
+            }
+            // The disconnect completed the VI's posted receives, in error,
+            // through the CQ: taken off at once, so that a CQ of fewer
+            // entries than all the VIs' receives (1024 VIs of 16) does not
+            // overflow while the others go.
+            while !cq.is_null() {
+                let (mut vi, mut recv): (VIP_PVOID, VIP_BOOLEAN) = (std::ptr::null_mut(), 0);
+                let mut d: *mut Descriptor = std::ptr::null_mut();
+                // SAFETY: our CQ and valid out-pointers.
+                if unsafe { VipCQDone(cq, &mut vi, &mut recv) } != VIP_SUCCESS {
+                    break;
+                }
+                // SAFETY: the VI the CQ named, valid out-pointer.
+                unsafe {
+                    if recv != 0 {
+                        VipRecvDone(vi, &mut d);
+                    } else {
+                        VipSendDone(vi, &mut d);
+                    }
+                }
             }
             // SAFETY: as above.
             note(check("VipDestroyVi", unsafe { VipDestroyVi(s.vi) }));
