@@ -1,8 +1,9 @@
 //! Micro-benchmarks of single VIPL calls on the data path, through the C
 //! ABI: posting and completing a send and an RDMA write on a connected
 //! loopback pair, polling an empty receive queue, polling an empty CQ with
-//! 1 to 128 VIs attached, and registering memory; and the CRC-32C that
-//! every UDP packet carries.
+//! 1 to 128 VIs attached, and registering memory; the cross-memory copy
+//! under a shared-memory RDMA write, bare and through via-shm's wrapper;
+//! and the CRC-32C that every UDP packet carries.
 //!
 //! `cargo bench -p viabench --bench vipl`.  The host agent is started on
 //! demand (`target/release/viad`, or `$VIA_VIAD`) under a socket name of
@@ -269,6 +270,33 @@ fn rdma_path(c: &mut Criterion) {
     }
 }
 
+/// A 4-byte `process_vm_writev` into this process's own memory, bare (one
+/// iovec a side) and through `via_shm::cma::write_remote` (what an RDMA
+/// write on one host calls): the floor under the RDMA write above, and
+/// what the wrapper adds to it.
+fn cma_copy(c: &mut Criterion) {
+    let target = Mapping::new(4096).expect("a page");
+    let bytes = [0xC0u8, 0xFF, 0xEE, 0x42];
+    let pid = std::process::id() as libc::pid_t;
+    c.bench_function("process_vm_writev 4B bare", |b| {
+        let local = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: 4 };
+        let remote = libc::iovec { iov_base: target.ptr() as *mut libc::c_void, iov_len: 4 };
+        b.iter(|| {
+            // SAFETY: a live local buffer and a page of our own.
+            let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
+            assert_eq!(n, 4);
+        })
+    });
+    c.bench_function("process_vm_writev 4B via_shm::cma::write_remote", |b| {
+        b.iter(|| {
+            let n = via_shm::cma::write_remote(pid, &[std::io::IoSlice::new(&bytes)], &[(target.ptr() as u64, 4)]);
+            assert_eq!(n.expect("a copy into ourselves"), 4);
+        })
+    });
+    // SAFETY: the page the copies landed in.
+    assert_eq!(unsafe { std::ptr::read(target.ptr() as *const [u8; 4]) }, bytes);
+}
+
 /// `VipCQDone` on an empty CQ against the number of receive queues attached:
 /// O(1) with completion-queue entries (`VIA_CQ=cq1`), a scan of every queue
 /// with `VIA_CQ=cq2` (Banikazemi et al.'s Table 3).
@@ -361,6 +389,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = crc32c, send_path, rdma_path, cq_poll, registration
+    targets = crc32c, send_path, rdma_path, cma_copy, cq_poll, registration
 }
 criterion_main!(benches);

@@ -61,16 +61,24 @@ pub struct Options {
     /// Server: exit after the first client.
     #[arg(long)]
     pub once: bool,
-    /// Transports: via-send, via-rdma, tcp, raw-shm, raw-udp, raw-ether (comma-separated
-    /// or repeated).  Default: via-send, via-rdma, tcp and the bare floor of
-    /// the device (raw-shm on /dev/via_lo, raw-udp otherwise).
+    /// Transports: via-send, via-rdma, tcp, raw-shm, raw-cma, raw-udp, raw-ether
+    /// (comma-separated or repeated).  Default: via-send, via-rdma, tcp and the
+    /// bare floor of the device (raw-shm on /dev/via_lo, raw-udp otherwise).
+    /// raw-cma (one host, polling only): each block and a flag word written
+    /// into the peer's memory with one process_vm_writev, the floor under
+    /// openvia's RDMA write.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub mode: Vec<Mode>,
-    /// Patterns: pingpong, stream, burst[:N], connect (comma-separated or
-    /// repeated).  connect: connection set-up, --connections times one after
-    /// the other (VipConnectRequest against VipConnectWait and
-    /// VipConnectAccept, or TCP connect against accept; one 8-byte message
-    /// there and back each), via-send and tcp only.
+    /// Patterns: pingpong, stream, burst[:N], connect, rendezvous,
+    /// rendezvous-stream (comma-separated or repeated).  connect: connection
+    /// set-up, --connections times one after the other (VipConnectRequest
+    /// against VipConnectWait and VipConnectAccept, or TCP connect against
+    /// accept; one 8-byte message there and back each), via-send and tcp
+    /// only.  rendezvous (a ping-pong) and rendezvous-stream: each VIA block
+    /// goes as a request, an answer with the address and memory handle of a
+    /// registered buffer, the payload by RDMA write and its completion (the
+    /// write's immediate data with via-rdma, a message after it with
+    /// via-send); the other modes move the same blocks as plain messages.
     #[arg(long, value_delimiter = ',')]
     pub pattern: Vec<String>,
     /// connect: connections timed per test, one after the other (default
@@ -237,6 +245,11 @@ impl Options {
                     continue;
                 }
                 for &wait in &waits {
+                    // raw-cma has nothing to sleep on: the flag word lies in
+                    // memory of the reader's own that no other process maps.
+                    if mode == Mode::RawCma && wait == Wait::Block {
+                        continue;
+                    }
                     tests.push(TestSpec {
                         mode,
                         pattern,
@@ -256,7 +269,10 @@ impl Options {
             }
         }
         if tests.is_empty() {
-            return Err(Error::new("the connect pattern measures the modes via-send and tcp only"));
+            return Err(Error::new(
+                "nothing to measure: the connect pattern measures the modes via-send and tcp only, \
+                 raw-cma polls only",
+            ));
         }
         let connections = self.connections.unwrap_or(if self.quick {
             crate::connect::QUICK_CONNECTIONS
@@ -370,5 +386,60 @@ mod tests {
         assert_eq!(opts(&["--pattern", "connect"]).plan().unwrap().connections, 1000);
         assert!(opts(&["--pattern", "connect", "--mode", "raw-shm"]).plan().is_err());
         assert!(opts(&["--pattern", "connect", "--connections", "0"]).plan().is_err());
+    }
+
+    #[test]
+    fn raw_cma_polls_only() {
+        let p = opts(&["--mode", "raw-cma,raw-shm", "--wait", "poll,block"]).plan().unwrap();
+        let labels: Vec<String> = p.tests.iter().map(|t| t.label()).collect();
+        assert_eq!(labels, ["raw-cma/pingpong/poll", "raw-shm/pingpong/poll", "raw-shm/pingpong/block"]);
+        let e = opts(&["--mode", "raw-cma", "--wait", "block"]).plan().unwrap_err();
+        assert!(e.to_string().contains("raw-cma polls only"), "{e}");
+        assert!(opts(&["--mode", "raw-cma", "--pattern", "connect"]).plan().is_err());
+        // Its blocks and patterns are those of any other mode.
+        let p = opts(&["--mode", "raw-cma", "--pattern", "stream,burst:4,rendezvous"]).plan().unwrap();
+        assert_eq!(p.tests.len(), 3);
+        assert_eq!(p.tests[0].mode, Mode::RawCma);
+    }
+
+    #[test]
+    fn rendezvous_plans_every_mode_and_wait() {
+        let p = opts(&[
+            "--mode",
+            "via-send,via-rdma,tcp",
+            "--pattern",
+            "rendezvous,rndv-stream",
+            "--wait",
+            "poll,block",
+            "--sizes",
+            "16K,64K,1M",
+        ])
+        .plan()
+        .unwrap();
+        let labels: Vec<String> = p.tests.iter().map(|t| t.label()).collect();
+        assert_eq!(labels.len(), 12);
+        for l in [
+            "via-send/rendezvous/poll",
+            "via-rdma/rendezvous/block",
+            "via-rdma/rendezvous-stream/poll",
+            "tcp/rendezvous/block",
+            "tcp/rendezvous-stream/poll",
+        ] {
+            assert!(labels.iter().any(|x| x == l), "{l} missing from {labels:?}");
+        }
+        assert_eq!(p.sizes, vec![16384, 65536, 1 << 20]);
+        assert!(p.tests.iter().all(|t| t.pattern.is_rendezvous() && t.max_block == 1 << 20));
+        assert!(opts(&["--pattern", "rendezvous:2"]).plan().is_err());
+    }
+
+    #[test]
+    fn a_thousand_vis_on_one_cq_are_planned() {
+        let p = opts(&["--mode", "via-send", "--vis", "1024", "--sizes", "4"]).plan().unwrap();
+        assert_eq!(p.tests[0].vis, Some(1024));
+        assert_eq!(p.tests[0].label(), "via-send/pingpong/poll/vis1024");
+        assert!(opts(&["--vis", "1025"]).plan().is_err());
+        // --vis concerns VIA only.
+        let p = opts(&["--mode", "tcp,raw-cma", "--vis", "1024"]).plan().unwrap();
+        assert!(p.tests.iter().all(|t| t.vis.is_none()));
     }
 }

@@ -34,9 +34,9 @@ fn buffer(last: bool) -> Which {
 
 /// Bytes of the server's reply in `pattern`.
 pub fn reply_bytes(pattern: Pattern, size: usize) -> usize {
-    match pattern {
+    match pattern.flow() {
         Pattern::PingPong => size,
-        Pattern::Stream | Pattern::Burst(_) | Pattern::Connect => ACK_BYTES,
+        _ => ACK_BYTES,
     }
 }
 
@@ -53,6 +53,9 @@ pub fn client_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
     if pattern == Pattern::Connect {
         return Err(Error::new("the connect pattern has no block-size run"));
     }
+    // A rendezvous is the link's business: the driver times it as the
+    // ping-pong or stream it is.
+    let pattern = pattern.flow();
     let side = Side::Client;
     let reply = reply_bytes(pattern, size);
     let n = link.vis() as u64;
@@ -89,7 +92,7 @@ pub fn client_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
                 link.recv(ACK_BYTES, r == reps)?;
             }
         }
-        Pattern::Connect => unreachable!("refused above"),
+        Pattern::Connect | Pattern::Rendezvous | Pattern::RendezvousStream => unreachable!("refused or mapped above"),
     }
     let elapsed = start.elapsed();
     checked(link, recv_seed(s, side, Which::Last), reply, "last reply")?;
@@ -103,6 +106,7 @@ pub fn server_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
     if pattern == Pattern::Connect {
         return Err(Error::new("the connect pattern has no block-size run"));
     }
+    let pattern = pattern.flow();
     let side = Side::Server;
     let reply = reply_bytes(pattern, size);
     let n = link.vis() as u64;
@@ -137,7 +141,7 @@ pub fn server_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
                 link.send(buffer(r == reps), ACK_BYTES)?;
             }
         }
-        Pattern::Connect => unreachable!("refused above"),
+        Pattern::Connect | Pattern::Rendezvous | Pattern::RendezvousStream => unreachable!("refused or mapped above"),
     }
     checked(link, recv_seed(s, side, Which::Last), size, "last block")?;
     link.finish()
@@ -230,7 +234,9 @@ mod tests {
 
     #[test]
     fn every_pattern_runs_and_verifies() {
-        for pattern in [Pattern::PingPong, Pattern::Stream, Pattern::Burst(5)] {
+        for pattern in
+            [Pattern::PingPong, Pattern::Stream, Pattern::Burst(5), Pattern::Rendezvous, Pattern::RendezvousStream]
+        {
             for size in [1, 7, 100] {
                 let (c, s) = run_both(pattern, RunSpec { size, reps: 4, seed: 99 }, false);
                 assert!(c.is_ok(), "{pattern:?} {size}: {c:?}");
@@ -253,5 +259,9 @@ mod tests {
         assert_eq!(per_message(Pattern::PingPong, t, 10), Duration::from_micros(50));
         assert_eq!(per_message(Pattern::Stream, t, 10), Duration::from_micros(100));
         assert_eq!(per_message(Pattern::Burst(4), t, 10), Duration::from_micros(25));
+        assert_eq!(per_message(Pattern::Rendezvous, t, 10), Duration::from_micros(50));
+        assert_eq!(per_message(Pattern::RendezvousStream, t, 10), Duration::from_micros(100));
+        assert_eq!(reply_bytes(Pattern::Rendezvous, 65536), 65536);
+        assert_eq!(reply_bytes(Pattern::RendezvousStream, 65536), ACK_BYTES);
     }
 }

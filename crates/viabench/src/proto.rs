@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 
-/// The version both sides must agree on (`/2`: the connect pattern came).
-pub const PROTOCOL: &str = concat!("viabench-", env!("CARGO_PKG_VERSION"), "/2");
+/// The version both sides must agree on (`/2`: the connect pattern came;
+/// `/3`: raw-cma and the rendezvous patterns).
+pub const PROTOCOL: &str = concat!("viabench-", env!("CARGO_PKG_VERSION"), "/3");
 
 /// Default TCP port of the control connection.
 pub const DEFAULT_PORT: u16 = 5198;
@@ -40,6 +41,11 @@ pub enum Mode {
     /// A bare ping-pong of Ethernet frames on a packet socket: the floor
     /// under openvia's frames between hosts on one link.
     RawEther,
+    /// A bare cross-memory ping-pong: each side writes the block and a flag
+    /// word straight into the peer's memory with one `process_vm_writev`,
+    /// the peer polls the flag: the floor under openvia's RDMA write on one
+    /// host.
+    RawCma,
 }
 
 impl Mode {
@@ -52,6 +58,7 @@ impl Mode {
             Mode::RawShm => "raw-shm",
             Mode::RawUdp => "raw-udp",
             Mode::RawEther => "raw-ether",
+            Mode::RawCma => "raw-cma",
         }
     }
     /// Whether the mode goes through VIPL.
@@ -73,6 +80,15 @@ pub enum Pattern {
     /// Connection set-up: connections one after the other, each carrying
     /// one small message there and back ([`crate::connect`]).
     Connect,
+    /// A block there, a block back, each moved as message-passing libraries
+    /// of the VIA era move mid-size messages: a request (send), an answer
+    /// naming a registered buffer (send), the payload by RDMA write, its
+    /// completion as immediate data (`via-rdma`) or a message after it
+    /// (`via-send`).  Other modes move the same blocks as plain messages.
+    Rendezvous,
+    /// Blocks one way as in [`Pattern::Rendezvous`], one acknowledgement at
+    /// the end.
+    RendezvousStream,
 }
 
 impl Pattern {
@@ -83,10 +99,13 @@ impl Pattern {
             Pattern::Stream => "stream".into(),
             Pattern::Burst(n) => format!("burst{n}"),
             Pattern::Connect => "connect".into(),
+            Pattern::Rendezvous => "rendezvous".into(),
+            Pattern::RendezvousStream => "rendezvous-stream".into(),
         }
     }
     /// Parses `pingpong`, `stream`, `burst`, `burst:N`, `burst=N`,
-    /// `burst N` or `connect`; a bare `burst` takes `default_burst`.
+    /// `burst N`, `connect`, `rendezvous` (`rndv`) or `rendezvous-stream`
+    /// (`rndv-stream`); a bare `burst` takes `default_burst`.
     pub fn parse(s: &str, default_burst: u32) -> Result<Pattern> {
         let s = s.trim();
         let (word, n) = match s.find([':', '=', ' ']) {
@@ -97,6 +116,8 @@ impl Pattern {
             ("pingpong" | "ping-pong", None) => Ok(Pattern::PingPong),
             ("stream", None) => Ok(Pattern::Stream),
             ("connect", None) => Ok(Pattern::Connect),
+            ("rendezvous" | "rndv", None) => Ok(Pattern::Rendezvous),
+            ("rendezvous-stream" | "rndv-stream", None) => Ok(Pattern::RendezvousStream),
             ("burst", n) => {
                 let n = match n {
                     Some(n) => n.parse::<u32>().map_err(|_| Error::new(format!("bad burst length {n:?}")))?,
@@ -107,15 +128,30 @@ impl Pattern {
                 }
                 Ok(Pattern::Burst(n))
             }
-            _ => Err(Error::new(format!("unknown pattern {s:?} (pingpong, stream, burst[:N], connect)"))),
+            _ => Err(Error::new(format!(
+                "unknown pattern {s:?} (pingpong, stream, burst[:N], connect, rendezvous, rendezvous-stream)"
+            ))),
         }
     }
     /// Messages per timed iteration that the time is divided by.
     pub fn messages_per_rep(self) -> u64 {
         match self {
-            Pattern::PingPong | Pattern::Connect => 2,
-            Pattern::Stream => 1,
+            Pattern::PingPong | Pattern::Connect | Pattern::Rendezvous => 2,
+            Pattern::Stream | Pattern::RendezvousStream => 1,
             Pattern::Burst(n) => n as u64,
+        }
+    }
+    /// Whether VIA links move the blocks by rendezvous.
+    pub fn is_rendezvous(self) -> bool {
+        matches!(self, Pattern::Rendezvous | Pattern::RendezvousStream)
+    }
+    /// The plain pattern whose blocks and replies this one has: a
+    /// rendezvous is timed as a ping-pong or a stream.
+    pub fn flow(self) -> Pattern {
+        match self {
+            Pattern::Rendezvous => Pattern::PingPong,
+            Pattern::RendezvousStream => Pattern::Stream,
+            p => p,
         }
     }
 }
@@ -225,6 +261,10 @@ pub struct ServerInfo {
     /// The server's Ethernet address (raw-ether).
     #[serde(default)]
     pub mac: Option<[u8; 6]>,
+    /// The server's process and the address of the buffer the client
+    /// writes into (raw-cma).
+    #[serde(default)]
+    pub cma: Option<(u32, u64)>,
 }
 
 /// What the client tells the server once connected.
@@ -237,6 +277,10 @@ pub struct PeerInfo {
     /// The client's Ethernet address (raw-ether).
     #[serde(default)]
     pub mac: Option<[u8; 6]>,
+    /// The client's process and the address of the buffer the server
+    /// writes into (raw-cma).
+    #[serde(default)]
+    pub cma: Option<(u32, u64)>,
 }
 
 /// One measured run of one size.
@@ -363,6 +407,18 @@ mod tests {
         assert!(Pattern::parse("connect:4", 16).is_err());
         assert_eq!(Pattern::Connect.name(), "connect");
         assert_eq!(Pattern::Burst(8).name(), "burst8");
+        assert_eq!(Pattern::parse("rendezvous", 16).unwrap(), Pattern::Rendezvous);
+        assert_eq!(Pattern::parse("rndv", 16).unwrap(), Pattern::Rendezvous);
+        assert_eq!(Pattern::parse("rendezvous-stream", 16).unwrap(), Pattern::RendezvousStream);
+        assert_eq!(Pattern::parse("rndv-stream", 16).unwrap(), Pattern::RendezvousStream);
+        assert!(Pattern::parse("rendezvous:4", 16).is_err());
+        assert_eq!(Pattern::RendezvousStream.name(), "rendezvous-stream");
+        assert_eq!(Pattern::Rendezvous.flow(), Pattern::PingPong);
+        assert_eq!(Pattern::RendezvousStream.flow(), Pattern::Stream);
+        assert_eq!(Pattern::Burst(3).flow(), Pattern::Burst(3));
+        assert!(Pattern::Rendezvous.is_rendezvous() && !Pattern::Stream.is_rendezvous());
+        assert_eq!(Pattern::Rendezvous.messages_per_rep(), 2);
+        assert_eq!(Pattern::RendezvousStream.messages_per_rep(), 1);
     }
 
     #[test]

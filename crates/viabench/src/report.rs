@@ -218,32 +218,34 @@ pub fn table(tests: &[TestResult]) -> String {
 }
 
 fn one_table(tests: &[&TestResult]) -> String {
-    const COL: usize = 22;
+    // 22 columns, or as many as the longest label and a space each side.
+    let col = tests.iter().map(|t| t.label.chars().count() + 2).max().unwrap_or(0).max(22);
     let mut sizes: Vec<usize> = tests.iter().flat_map(|t| t.rows.iter().map(|r| r.bytes)).collect();
     sizes.sort_unstable();
     sizes.dedup();
     let mut out = String::new();
     let _ = write!(out, "{:>9}", "");
     for t in tests {
-        let _ = write!(out, " |{}", center(&t.label, COL));
+        let _ = write!(out, " |{}", center(&t.label, col));
     }
     out.push('\n');
     let _ = write!(out, "{:>9}", "bytes");
     for _ in tests {
-        let _ = write!(out, " |{:>11}{:>11}", "µs 1-way", "MB/s");
+        let _ = write!(out, " |{:>w$}{:>11}", "µs 1-way", "MB/s", w = col - 11);
     }
     out.push('\n');
-    let _ = writeln!(out, "{}", "-".repeat(9 + tests.len() * (COL + 2)));
+    let _ = writeln!(out, "{}", "-".repeat(9 + tests.len() * (col + 2)));
     for size in sizes {
         let _ = write!(out, "{size:>9}");
         for t in tests {
             match t.row(size) {
                 Some(r) => {
                     let mark = if r.verified { ' ' } else { '!' };
-                    let _ = write!(out, " |{:>11}{:>10}{mark}", fmt_num(r.one_way_us), fmt_num(r.mb_per_s));
+                    let _ =
+                        write!(out, " |{:>w$}{:>10}{mark}", fmt_num(r.one_way_us), fmt_num(r.mb_per_s), w = col - 11);
                 }
                 None => {
-                    let _ = write!(out, " |{:>11}{:>11}", "-", "-");
+                    let _ = write!(out, " |{:>w$}{:>11}", "-", "-", w = col - 11);
                 }
             }
         }
@@ -423,6 +425,30 @@ mod tests {
         assert!(t.contains("! data not verified"));
         let many: Vec<TestResult> = (0..6).map(|_| a.clone()).collect();
         assert_eq!(table(&many).matches("bytes").count(), 2);
+    }
+
+    #[test]
+    fn long_labels_widen_their_columns() {
+        let a = TestResult {
+            label: "via-rdma/rendezvous-stream/block".into(),
+            spec: spec(Mode::ViaRdma),
+            rows: vec![Row::new(16384, 3e-6, 1, 1, true), Row::new(1 << 20, 80e-6, 1, 1, true)],
+            error: None,
+            stats: LinkStats::default(),
+            connect: None,
+        };
+        let mut b = a.clone();
+        b.label = "tcp/pingpong/poll".into();
+        let t = table(&[a, b]);
+        let bars = |l: &str| {
+            l.char_indices().filter(|&(_, c)| c == '|').map(|(i, _)| l[..i].chars().count()).collect::<Vec<_>>()
+        };
+        let lines: Vec<&str> = t.lines().filter(|l| l.contains('|')).collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        for l in &lines {
+            assert_eq!(bars(l), bars(lines[0]), "{t}");
+        }
+        assert!(lines[0].contains(" via-rdma/rendezvous-stream/block "), "{t}");
     }
 
     #[test]

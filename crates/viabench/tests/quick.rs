@@ -245,3 +245,62 @@ fn connect_sets_up_every_connection_asked_for() {
         assert!(c["per_second"].as_f64().unwrap() > 0.0, "{label}: {c}");
     }
 }
+
+#[test]
+fn rendezvous_and_the_cma_floor_run_end_to_end() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("rendezvous");
+    // 100003 bytes over 4 KiB descriptors and a ring of three: the writes
+    // go in many chunks, and requests, answers and completions wait for
+    // credits beside them.
+    let report = run.viabench(&[
+        "--mode",
+        "via-send,via-rdma,tcp,raw-cma",
+        "--pattern",
+        "rendezvous,rendezvous-stream",
+        "--wait",
+        "poll,block",
+        "--sizes",
+        "4,16384,100003",
+        "--desc-size",
+        "4096",
+        "--descriptors",
+        "3",
+        "--trials",
+        "1",
+        "--min-time",
+        "0.001",
+    ]);
+    let labels = check_rows(&report);
+    // raw-cma polls only: 3 modes × 2 patterns × 2 waits, and raw-cma's 2.
+    assert_eq!(labels.len(), 14, "{labels:?}");
+    for l in ["via-rdma/rendezvous/block", "via-send/rendezvous-stream/poll", "raw-cma/rendezvous/poll"] {
+        assert!(labels.iter().any(|x| x == l), "{l} missing from {labels:?}");
+    }
+    assert!(!labels.iter().any(|l| l.starts_with("raw-cma/") && l.ends_with("/block")), "{labels:?}");
+    for t in report["tests"].as_array().unwrap() {
+        assert_eq!(t["rows"].as_array().unwrap().len(), 3, "{}", t["label"]);
+    }
+}
+
+#[test]
+fn the_cma_floor_streams_past_its_slots() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Run::new("raw-cma");
+    let report = run.viabench(&[
+        "--mode",
+        "raw-cma",
+        "--pattern",
+        "pingpong,stream,burst:20",
+        "--sizes",
+        "1,4,41,4096,1M",
+        "--trials",
+        "1",
+        "--min-time",
+        "0.001",
+    ]);
+    let labels = check_rows(&report);
+    // A stream or a burst longer than the eight slots goes on only with the
+    // reader's acknowledgements (without them the writer would time out).
+    assert_eq!(labels, ["raw-cma/pingpong/poll", "raw-cma/stream/poll", "raw-cma/burst20/poll"]);
+}

@@ -6,6 +6,7 @@
 //! last one's, each with its own data pattern) and receives into memory it
 //! keeps until the block is checked.
 
+pub mod raw_cma;
 pub mod raw_ether;
 pub mod raw_shm;
 pub mod raw_udp;
@@ -104,6 +105,7 @@ pub fn server_setup(spec: &TestSpec, device: &str, local_ip: IpAddr) -> Result<B
         Mode::RawShm => Ok(Box::new(raw_shm::ShmLink::create(spec)?)),
         Mode::RawUdp => Ok(Box::new(raw_udp::UdpLink::bind(spec, local_ip, Side::Server)?)),
         Mode::RawEther => Ok(Box::new(raw_ether::EtherLink::open(spec, Side::Server)?)),
+        Mode::RawCma => Ok(Box::new(raw_cma::CmaLink::new(spec, Side::Server)?)),
     }
 }
 
@@ -139,6 +141,13 @@ pub fn client_connect(
             link.connect_to(info.mac.ok_or_else(|| Error::new("the server sent no Ethernet address"))?);
             let mac = Some(link.mac());
             Ok((Box::new(link), PeerInfo { mac, ..Default::default() }))
+        }
+        Mode::RawCma => {
+            let (pid, addr) = info.cma.ok_or_else(|| Error::new("the server sent no process and buffer (raw-cma)"))?;
+            let mut link = raw_cma::CmaLink::new(spec, Side::Client)?;
+            link.connect_to(pid, addr);
+            let cma = Some(link.buffer());
+            Ok((Box::new(link), PeerInfo { cma, ..Default::default() }))
         }
     }
 }

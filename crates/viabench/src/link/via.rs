@@ -10,6 +10,15 @@
 //! ([`crate::flow`]) keep the sender from overrunning the receiver's ring.
 //! With `--vis N` all receive queues complete through one CQ and the driver
 //! uses the VIs in turn.
+//!
+//! The rendezvous patterns move each block as message-passing libraries of
+//! the VIA era move mid-size messages: the sender sends a request with the
+//! block's size, the receiver answers with the address and memory handle
+//! of its registered target buffer, the sender RDMA-writes the block there
+//! and completes it with immediate data on the write's last chunk
+//! (`via-rdma`) or a message after it (`via-send`).  Requests and answers
+//! are 32-byte sends into small buffers of their own, under the same
+//! credits as every other message.
 
 use super::{round_up, Deadline, Link, LinkServer, LinkStats, Mapping, Pending, Side};
 use crate::error::{Error, Result};
@@ -26,6 +35,93 @@ use std::time::Duration;
 const EXTRA_SEND_DESCRIPTORS: usize = 8;
 /// Longest single `*Wait` call, so that the deadline is looked at.
 const WAIT_SLICE_MS: u64 = 1000;
+/// Bytes of a rendezvous message's buffer (one per receive and send
+/// descriptor).
+const CTRL_SLOT: usize = 64;
+const _: () = assert!(Rendezvous::BYTES <= CTRL_SLOT);
+
+/// What a rendezvous message says: its kind, the block's size and, in an
+/// answer, where to write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rendezvous {
+    /// [`Rendezvous::REQUEST`], [`Rendezvous::ANSWER`] or [`Rendezvous::DONE`].
+    pub kind: u32,
+    /// Bytes of the block.
+    pub len: u64,
+    /// Answer: the target buffer's address.
+    pub addr: u64,
+    /// Answer: its memory handle.
+    pub handle: u32,
+}
+
+impl Rendezvous {
+    /// The sender's request: a block of `len` bytes is ready.
+    pub const REQUEST: u32 = 0x5254_5331;
+    /// The receiver's answer: write it at `addr` with `handle`.
+    pub const ANSWER: u32 = 0x4354_5332;
+    /// The sender's completion after the write (`via-send`).
+    pub const DONE: u32 = 0x4649_4e33;
+    /// Bytes on the wire.
+    pub const BYTES: usize = 32;
+
+    /// The message's bytes.
+    pub fn encode(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[0..4].copy_from_slice(&self.kind.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        b[24..28].copy_from_slice(&self.handle.to_le_bytes());
+        b
+    }
+
+    /// Reads a message; `None` if it is none of the three kinds.
+    pub fn decode(b: &[u8]) -> Option<Rendezvous> {
+        if b.len() != Self::BYTES {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let m = Rendezvous { kind: u32_at(0), len: u64_at(8), addr: u64_at(16), handle: u32_at(24) };
+        matches!(m.kind, Self::REQUEST | Self::ANSWER | Self::DONE).then_some(m)
+    }
+
+    /// The message if it is a `kind` for a block of `len` bytes, else an error
+    /// that says what came.
+    fn expect(b: &[u8], kind: u32, len: usize) -> Result<Rendezvous> {
+        match Rendezvous::decode(b) {
+            Some(m) if m.kind == kind && m.len == len as u64 => Ok(m),
+            Some(m) => Err(Error::new(format!(
+                "rendezvous: expected {} of {len} bytes, got {} of {}",
+                Self::name(kind),
+                Self::name(m.kind),
+                m.len
+            ))),
+            None => Err(Error::new(format!(
+                "rendezvous: expected {} of {len} bytes, got a {}-byte message that is none",
+                Self::name(kind),
+                b.len()
+            ))),
+        }
+    }
+
+    fn name(kind: u32) -> &'static str {
+        match kind {
+            Self::REQUEST => "a request",
+            Self::ANSWER => "an answer",
+            Self::DONE => "a completion",
+            _ => "something else",
+        }
+    }
+}
+
+/// A message that arrived: where its data lies, its length, and whether it
+/// was an RDMA write with immediate data.
+#[derive(Debug, Clone, Copy)]
+struct Arrival {
+    addr: usize,
+    len: usize,
+    written: bool,
+}
 
 /// One VI and its descriptors.
 struct ViSlot {
@@ -37,8 +133,12 @@ struct ViSlot {
     send: *mut Descriptor,
     /// Free send descriptors (indices into the pool).
     free: Vec<u32>,
-    /// Receive slots (send/receive) or the RDMA target area.
+    /// Receive slots (send/receive) or the RDMA target area (RDMA write
+    /// and the rendezvous).
     area: *mut u8,
+    /// Rendezvous: a message buffer per receive descriptor, then one per
+    /// send descriptor.
+    ctrl: *mut u8,
     cursor: Cursor,
     connected: bool,
     /// Receive descriptors taken out and not yet posted again (`repost`).
@@ -48,10 +148,19 @@ struct ViSlot {
     reap_due: bool,
 }
 
+impl ViSlot {
+    /// Receive descriptors of the ring.
+    fn recv_ring(&self) -> usize {
+        self.credits.ring as usize
+    }
+}
+
 /// A VIA link: one or more connected VIs.
 pub struct ViaLink {
     side: Side,
     rdma: bool,
+    /// Blocks go by rendezvous (the rendezvous patterns).
+    rendezvous: bool,
     wait: Wait,
     timeout: Duration,
     nic: VIP_PVOID,
@@ -87,6 +196,9 @@ impl ViaLink {
     pub fn open(spec: &TestSpec, device: &str, side: Side) -> Result<ViaLink> {
         vipl::set_segment_size(spec.segment.map(|s| s as usize));
         let rdma = spec.mode == Mode::ViaRdma;
+        let rendezvous = spec.pattern.is_rendezvous();
+        // The rendezvous writes blocks in both modes.
+        let writes = rdma || rendezvous;
         let nvis = spec.vis.unwrap_or(1).max(1) as usize;
         let ring = spec.ring as usize;
         if !(crate::flow::MIN_RING as usize..=1024).contains(&ring) {
@@ -96,6 +208,7 @@ impl ViaLink {
         let mut link = ViaLink {
             side,
             rdma,
+            rendezvous,
             wait: spec.wait,
             timeout: Duration::from_millis(spec.timeout_ms),
             nic: std::ptr::null_mut(),
@@ -138,8 +251,9 @@ impl ViaLink {
         let desc_bytes = round_up(nvis * (ring + link.pool) * VIP_DESCRIPTOR_ALIGNMENT, 4096);
         let buf_bytes = round_up(max_block, 4096);
         let slots = receive_slots(ring, desc, max_block);
-        let area_bytes = if rdma { buf_bytes } else { round_up(slots * desc, 4096) };
-        let total = desc_bytes + 3 * buf_bytes + nvis * area_bytes;
+        let area_bytes = if writes { buf_bytes } else { round_up(slots * desc, 4096) };
+        let ctrl_bytes = if rendezvous { round_up((ring + link.pool) * CTRL_SLOT, 4096) } else { 0 };
+        let total = desc_bytes + 3 * buf_bytes + nvis * (area_bytes + ctrl_bytes);
         if total > 8 << 30 {
             return Err(Error::new(format!(
                 "{total} bytes of registered memory per side: lower --max-size, --desc-size or --vis"
@@ -147,7 +261,7 @@ impl ViaLink {
         }
         link.mem = Mapping::new(total)?;
         let base = link.mem.ptr();
-        let attrs = VIP_MEM_ATTRIBUTES { Ptag: link.ptag, EnableRdmaWrite: rdma as VIP_BOOLEAN, EnableRdmaRead: 0 };
+        let attrs = VIP_MEM_ATTRIBUTES { Ptag: link.ptag, EnableRdmaWrite: writes as VIP_BOOLEAN, EnableRdmaRead: 0 };
         // SAFETY: the mapping is ours and stays mapped until deregistered.
         check("VipRegisterMem", unsafe {
             VipRegisterMem(link.nic, base as VIP_PVOID, link.mem.len() as libc::c_ulong, &attrs, &mut link.mh)
@@ -163,7 +277,7 @@ impl ViaLink {
             MaxTransferSize: desc as libc::c_ulong,
             QoS: std::ptr::null_mut(),
             Ptag: link.ptag,
-            EnableRdmaWrite: rdma as VIP_BOOLEAN,
+            EnableRdmaWrite: writes as VIP_BOOLEAN,
             EnableRdmaRead: 0,
         };
         for v in 0..nvis {
@@ -172,9 +286,10 @@ impl ViaLink {
             check("VipCreateVi", unsafe { VipCreateVi(link.nic, &vi_attrs, std::ptr::null_mut(), link.cq, &mut vi) })?;
             let descs = (v * (ring + link.pool)) * VIP_DESCRIPTOR_ALIGNMENT;
             // SAFETY: all inside the mapping, laid out above.
-            let (recv, send, area) = unsafe {
+            let (recv, send, area, ctrl) = unsafe {
                 let recv = base.add(descs) as *mut Descriptor;
-                (recv, recv.add(ring), base.add(desc_bytes + 3 * buf_bytes + v * area_bytes))
+                let area = base.add(desc_bytes + 3 * buf_bytes + v * (area_bytes + ctrl_bytes));
+                (recv, recv.add(ring), area, area.add(area_bytes))
             };
             link.index.insert(vi as usize, v);
             link.vis.push(ViSlot {
@@ -184,6 +299,7 @@ impl ViaLink {
                 send,
                 free: (0..link.pool as u32).rev().collect(),
                 area,
+                ctrl,
                 cursor: Cursor::new(slots),
                 connected: false,
                 reposts: Vec::with_capacity(ring),
@@ -202,9 +318,10 @@ impl ViaLink {
         self.desc
     }
 
-    /// This side's RDMA target areas, per VI.
+    /// This side's RDMA target areas, per VI (none for the rendezvous,
+    /// whose answers name them).
     pub fn rdma_targets(&self) -> Vec<(u64, u32)> {
-        if !self.rdma {
+        if !self.rdma || self.rendezvous {
             return Vec::new();
         }
         self.vis.iter().map(|s| (s.area as u64, self.mh)).collect()
@@ -240,7 +357,7 @@ impl ViaLink {
     }
 
     fn check_remote(&self) -> Result<()> {
-        if self.rdma && self.remote.len() != self.vis.len() {
+        if self.rdma && !self.rendezvous && self.remote.len() != self.vis.len() {
             return Err(Error::new("the peer sent no RDMA target for every VI"));
         }
         Ok(())
@@ -252,7 +369,15 @@ impl ViaLink {
         // SAFETY: `i` < ring: a descriptor of the mapping, not posted now.
         let d = unsafe { s.recv.add(i) };
         let mut desc = Descriptor::default();
-        if !self.rdma {
+        if self.rendezvous {
+            desc.cs.seg_count = 1;
+            // SAFETY: i < ring: the descriptor's own message buffer.
+            desc.ds[0] = DataSegment {
+                data: unsafe { s.ctrl.add(i * CTRL_SLOT) } as u64,
+                handle: self.mh,
+                length: CTRL_SLOT as u32,
+            };
+        } else if !self.rdma {
             let slot = s.cursor.take();
             desc.cs.seg_count = 1;
             // SAFETY: slot < slots: inside the VI's area.
@@ -309,6 +434,12 @@ impl ViaLink {
 
     /// Posts one send-queue descriptor of VI `v`.
     fn post_send(&mut self, v: usize, control: u16, imm: u32, segs: &[DataSegment]) -> Result<()> {
+        let i = self.take_send(v)?;
+        self.post_at(v, i, control, imm, segs)
+    }
+
+    /// Takes a free send descriptor of VI `v`, waiting for one if need be.
+    fn take_send(&mut self, v: usize) -> Result<usize> {
         if self.vis[v].free.is_empty() {
             self.reap(v, 1)?;
         }
@@ -318,6 +449,12 @@ impl ViaLink {
             s.reap_due = true;
             self.low.push(v);
         }
+        Ok(i)
+    }
+
+    /// Posts send descriptor `i` of VI `v`, taken with [`Self::take_send`].
+    fn post_at(&mut self, v: usize, i: usize, control: u16, imm: u32, segs: &[DataSegment]) -> Result<()> {
+        let s = &mut self.vis[v];
         let mut desc = Descriptor::default();
         desc.cs.control = control;
         desc.cs.immediate = imm;
@@ -436,9 +573,9 @@ impl ViaLink {
     }
 
     /// Handles a completed receive of VI `v`: checks it, takes the grant and
-    /// leaves its descriptor to `repost`.  Returns the data chunk (address,
-    /// length), or `None` for a continue.
-    fn handle(&mut self, v: usize, d: *mut Descriptor) -> Result<Option<(usize, usize)>> {
+    /// leaves its descriptor to `repost` (so its data stays until the next
+    /// wait).  Returns what arrived, or `None` for a continue.
+    fn handle(&mut self, v: usize, d: *mut Descriptor) -> Result<Option<Arrival>> {
         // SAFETY (here and below): VipRecvDone returned one of our receive descriptors.
         let status = unsafe { Descriptor::status(d) };
         if status & VIP_STATUS_DONE == 0 || status & VIP_STATUS_ERROR_MASK != 0 {
@@ -464,11 +601,106 @@ impl ViaLink {
             }
             return Ok(None);
         }
-        if self.rdma && status & VIP_STATUS_OP_MASK != VIP_STATUS_OP_REMOTE_RDMA_WRITE {
-            return Err(Error::new(format!("expected an RDMA write with immediate data, status {status:#x}")));
+        let written = status & VIP_STATUS_OP_MASK == VIP_STATUS_OP_REMOTE_RDMA_WRITE;
+        let addr = if written { self.vis[v].area as usize } else { addr };
+        Ok(Some(Arrival { addr, len, written }))
+    }
+
+    /// Waits for the next message that is not a continue; it must come on
+    /// VI `v`.
+    fn next_message(&mut self, v: usize) -> Result<Arrival> {
+        loop {
+            let (w, d) = self.next_recv()?;
+            let Some(a) = self.handle(w, d)? else { continue };
+            if w != v {
+                return Err(Error::new(format!("a message arrived on VI {w} while VI {v} was expected")));
+            }
+            return Ok(a);
         }
-        let addr = if self.rdma { self.vis[v].area as usize } else { addr };
-        Ok(Some((addr, len)))
+    }
+
+    /// The rendezvous message that arrived in `a`'s buffer, which must be
+    /// a `kind` for a block of `len` bytes.
+    fn rendezvous_message(a: Arrival, kind: u32, len: usize) -> Result<Rendezvous> {
+        if a.written {
+            return Err(Error::new(format!("rendezvous: an RDMA write where {} was expected", Rendezvous::name(kind))));
+        }
+        // SAFETY: the receive buffer of the descriptor just completed, not
+        // posted again before the next wait.
+        let bytes = unsafe { std::slice::from_raw_parts(a.addr as *const u8, a.len.min(CTRL_SLOT)) };
+        Rendezvous::expect(bytes, kind, len)
+    }
+
+    /// Sends rendezvous message `m` on VI `v` from the send descriptor's
+    /// own buffer.
+    fn send_rendezvous_message(&mut self, v: usize, m: Rendezvous) -> Result<()> {
+        self.wait_for_credit(v)?;
+        let i = self.take_send(v)?;
+        let ring = self.vis[v].recv_ring();
+        // SAFETY: the message buffer of send descriptor i, which is not posted.
+        let buf = unsafe { self.vis[v].ctrl.add((ring + i) * CTRL_SLOT) };
+        // SAFETY: as above; CTRL_SLOT >= Rendezvous::BYTES.
+        unsafe { std::ptr::copy_nonoverlapping(m.encode().as_ptr(), buf, Rendezvous::BYTES) };
+        let imm = self.vis[v].credits.on_send(false).encode();
+        let seg = DataSegment { data: buf as u64, handle: self.mh, length: Rendezvous::BYTES as u32 };
+        self.post_at(v, i, VIP_CONTROL_OP_SENDRECV | VIP_CONTROL_IMMEDIATE, imm, &[seg])
+    }
+
+    /// Sends a block by rendezvous: the request, the answer, the write and
+    /// its completion.
+    fn send_by_rendezvous(&mut self, which: Which, len: usize) -> Result<()> {
+        let v = self.cur;
+        self.send_rendezvous_message(v, Rendezvous { kind: Rendezvous::REQUEST, len: len as u64, addr: 0, handle: 0 })?;
+        let a = self.next_message(v)?;
+        let answer = Self::rendezvous_message(a, Rendezvous::ANSWER, len)?;
+        let base = self.send_buf[which as usize] as u64;
+        let n = chunk_count(len, self.desc);
+        for (i, (off, l)) in chunks(len, self.desc).enumerate() {
+            let local = DataSegment { data: base + off as u64, handle: self.mh, length: l as u32 };
+            let remote = DataSegment { data: answer.addr + off as u64, handle: answer.handle, length: 0 };
+            if i + 1 == n && self.rdma {
+                self.wait_for_credit(v)?;
+                let imm = self.vis[v].credits.on_send(false).encode();
+                self.post_send(v, VIP_CONTROL_OP_RDMAWRITE | VIP_CONTROL_IMMEDIATE, imm, &[remote, local])?;
+            } else {
+                self.post_send(v, VIP_CONTROL_OP_RDMAWRITE, 0, &[remote, local])?;
+            }
+        }
+        if !self.rdma {
+            self.send_rendezvous_message(
+                v,
+                Rendezvous { kind: Rendezvous::DONE, len: len as u64, addr: 0, handle: 0 },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Receives a block by rendezvous into the VI's target area.
+    fn recv_by_rendezvous(&mut self, len: usize, keep: bool) -> Result<()> {
+        let v = self.cur;
+        let a = self.next_message(v)?;
+        Self::rendezvous_message(a, Rendezvous::REQUEST, len)?;
+        let target = self.vis[v].area;
+        let answer = Rendezvous { kind: Rendezvous::ANSWER, len: len as u64, addr: target as u64, handle: self.mh };
+        self.send_rendezvous_message(v, answer)?;
+        let a = self.next_message(v)?;
+        if self.rdma {
+            let last = chunks(len, self.desc).last().expect("one chunk").1;
+            if !a.written || a.len != last {
+                return Err(Error::new(format!(
+                    "rendezvous: expected the write's last chunk of {last} bytes with immediate data, got {} {} bytes",
+                    if a.written { "a write of" } else { "a message of" },
+                    a.len
+                )));
+            }
+        } else {
+            Self::rendezvous_message(a, Rendezvous::DONE, len)?;
+        }
+        if keep {
+            self.kept.clear();
+            self.kept.push((target as usize, len, 0));
+        }
+        Ok(())
     }
 
     /// Handles completions until VI `v` may send data.
@@ -480,7 +712,7 @@ impl ViaLink {
         while !self.vis[v].credits.can_send_data() {
             let (w, d) = self.next_recv()?;
             if self.handle(w, d)?.is_some() {
-                return Err(Error::new("data arrived while waiting for credits"));
+                return Err(Error::new("a message arrived while waiting for credits"));
             }
         }
         Ok(())
@@ -493,10 +725,31 @@ impl ViaLink {
                 first.get_or_insert(e.into());
             }
         };
+        let cq = self.cq;
         for s in self.vis.drain(..) {
             if s.connected {
                 // SAFETY: a VI handle of ours.
                 note(check("VipDisconnect", unsafe { VipDisconnect(s.vi) }));
+            }
+            // The disconnect completed the VI's posted receives, in error,
+            // through the CQ: taken off at once, so that a CQ of fewer
+            // entries than all the VIs' receives (1024 VIs of 16) does not
+            // overflow while the others go.
+            while !cq.is_null() {
+                let (mut vi, mut recv): (VIP_PVOID, VIP_BOOLEAN) = (std::ptr::null_mut(), 0);
+                let mut d: *mut Descriptor = std::ptr::null_mut();
+                // SAFETY: our CQ and valid out-pointers.
+                if unsafe { VipCQDone(cq, &mut vi, &mut recv) } != VIP_SUCCESS {
+                    break;
+                }
+                // SAFETY: the VI the CQ named, valid out-pointer.
+                unsafe {
+                    if recv != 0 {
+                        VipRecvDone(vi, &mut d);
+                    } else {
+                        VipSendDone(vi, &mut d);
+                    }
+                }
             }
             // SAFETY: as above.
             note(check("VipDestroyVi", unsafe { VipDestroyVi(s.vi) }));
@@ -543,6 +796,9 @@ impl Link for ViaLink {
     }
 
     fn send(&mut self, which: Which, len: usize) -> Result<()> {
+        if self.rendezvous {
+            return self.send_by_rendezvous(which, len);
+        }
         let v = self.cur;
         let base = self.send_buf[which as usize] as u64;
         let n = chunk_count(len, self.desc);
@@ -569,6 +825,9 @@ impl Link for ViaLink {
     }
 
     fn recv(&mut self, len: usize, keep: bool) -> Result<()> {
+        if self.rendezvous {
+            return self.recv_by_rendezvous(len, keep);
+        }
         let v = self.cur;
         if keep {
             self.kept.clear();
@@ -580,9 +839,16 @@ impl Link for ViaLink {
         let mut got = 0;
         while got < messages {
             let (w, d) = self.next_recv()?;
-            let Some((addr, l)) = self.handle(w, d)? else { continue };
+            let Some(Arrival { addr, len: l, written }) = self.handle(w, d)? else { continue };
             if w != v {
                 return Err(Error::new(format!("data arrived on VI {w} while VI {v} was expected")));
+            }
+            if self.rdma != written {
+                return Err(Error::new(if self.rdma {
+                    "expected an RDMA write with immediate data, got a send"
+                } else {
+                    "expected a send, got an RDMA write"
+                }));
             }
             let (off, want) = if self.rdma {
                 expected[0]
@@ -684,5 +950,26 @@ impl LinkServer for ViaLink {
         self.remote = peer.rdma.clone();
         self.check_remote()?;
         Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_messages_round_trip() {
+        let answer = Rendezvous { kind: Rendezvous::ANSWER, len: 1 << 20, addr: 0x7f00_1234_5000, handle: 7 };
+        let bytes = answer.encode();
+        assert_eq!(Rendezvous::decode(&bytes), Some(answer));
+        assert_eq!(Rendezvous::expect(&bytes, Rendezvous::ANSWER, 1 << 20).unwrap(), answer);
+        let e = Rendezvous::expect(&bytes, Rendezvous::REQUEST, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("expected a request of 1048576 bytes, got an answer"), "{e}");
+        let e = Rendezvous::expect(&bytes, Rendezvous::ANSWER, 4096).unwrap_err();
+        assert!(e.to_string().contains("got an answer of 1048576"), "{e}");
+        // Something that is no rendezvous message, or cut short.
+        assert_eq!(Rendezvous::decode(&[0u8; Rendezvous::BYTES]), None);
+        assert_eq!(Rendezvous::decode(&bytes[..16]), None);
+        assert!(Rendezvous::expect(&bytes[..16], Rendezvous::ANSWER, 1 << 20).is_err());
     }
 }
