@@ -1,6 +1,7 @@
 //! Cross-memory attach: copies between our memory and another process's
 //! with `process_vm_writev` / `process_vm_readv`.
 
+use smallvec::SmallVec;
 use std::io::{self, IoSlice, IoSliceMut};
 
 /// Most iovecs the kernel takes per call on each side.
@@ -15,14 +16,14 @@ const CALL_MAX: usize = 1 << 30;
 /// needed.  Returns the count moved, which is short when a later remote range
 /// is not writable; an error only when nothing could be moved.
 pub fn write_remote(pid: i32, local: &[IoSlice<'_>], remote: &[(u64, usize)]) -> io::Result<usize> {
-    let local: Vec<(usize, usize)> = local.iter().map(|s| (s.as_ptr() as usize, s.len())).collect();
+    let local: Ranges = local.iter().map(|s| (s.as_ptr() as usize, s.len())).collect();
     transfer(pid, &local, remote, true)
 }
 
 /// Reads the `(address, length)` ranges of process `pid` into the scattered
 /// `local` buffers, in order.  Counts and errors as in [`write_remote`].
 pub fn read_remote(pid: i32, local: &mut [IoSliceMut<'_>], remote: &[(u64, usize)]) -> io::Result<usize> {
-    let local: Vec<(usize, usize)> = local.iter_mut().map(|s| (s.as_mut_ptr() as usize, s.len())).collect();
+    let local: Ranges = local.iter_mut().map(|s| (s.as_mut_ptr() as usize, s.len())).collect();
     transfer(pid, &local, remote, false)
 }
 
@@ -57,6 +58,13 @@ pub fn may_attach(pid: i32) -> bool {
     }
 }
 
+/// `(address, length)` ranges, inline for the usual few: a copy of a small
+/// message allocates nothing.
+type Ranges = SmallVec<[(usize, usize); 4]>;
+
+/// The iovecs of one call, inline for the usual few.
+type Iovecs = SmallVec<[libc::iovec; 4]>;
+
 /// A position inside a list of `(address, length)` ranges.
 struct Cursor<'a> {
     ranges: &'a [(usize, usize)],
@@ -67,7 +75,7 @@ struct Cursor<'a> {
 impl Cursor<'_> {
     /// Fills `out` with up to IOV_MAX iovecs (at most CALL_MAX bytes) from the
     /// current position.
-    fn batch(&self, out: &mut Vec<libc::iovec>) {
+    fn batch(&self, out: &mut Iovecs) {
         out.clear();
         let mut bytes = 0usize;
         let mut offset = self.offset;
@@ -98,12 +106,12 @@ impl Cursor<'_> {
 }
 
 fn transfer(pid: i32, local: &[(usize, usize)], remote: &[(u64, usize)], write: bool) -> io::Result<usize> {
-    let remote: Vec<(usize, usize)> = remote.iter().map(|&(a, l)| (a as usize, l)).collect();
+    let remote: Ranges = remote.iter().map(|&(a, l)| (a as usize, l)).collect();
     let sum = |r: &[(usize, usize)]| r.iter().fold(0usize, |acc, &(_, l)| acc.saturating_add(l));
     let total = sum(local).min(sum(&remote));
     let mut lc = Cursor { ranges: local, index: 0, offset: 0 };
     let mut rc = Cursor { ranges: &remote, index: 0, offset: 0 };
-    let (mut liov, mut riov) = (Vec::with_capacity(IOV_MAX), Vec::with_capacity(IOV_MAX));
+    let (mut liov, mut riov) = (Iovecs::new(), Iovecs::new());
     let mut done = 0usize;
     while done < total {
         lc.batch(&mut liov);

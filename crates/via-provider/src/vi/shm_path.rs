@@ -394,14 +394,18 @@ pub(super) fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
     seg.my_recvs().publish(segs).map_err(|_| ViaError::Resource)
 }
 
-fn local_slices(segs: &[LocalSeg]) -> Vec<IoSlice<'static>> {
+/// The buffers of a validated descriptor, inline for the usual few: a copy
+/// allocates nothing.
+type Slices<T> = smallvec::SmallVec<[T; 4]>;
+
+fn local_slices(segs: &[LocalSeg]) -> Slices<IoSlice<'static>> {
     segs.iter()
         // SAFETY: validated against the registry when posted.
         .map(|s| IoSlice::new(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) }))
         .collect()
 }
 
-fn local_slices_mut(segs: &[LocalSeg]) -> Vec<IoSliceMut<'static>> {
+fn local_slices_mut(segs: &[LocalSeg]) -> Slices<IoSliceMut<'static>> {
     segs.iter()
         // SAFETY: validated against the registry when posted.
         .map(|s| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) }))
@@ -433,6 +437,18 @@ fn execute(
             if !conn.attach() {
                 // The kernel does not let us into the target: through the
                 // ring, checked by the target against its own registry.
+                return ring_write(conn, wr, addr, handle, reliable, tally);
+            }
+            if small_write_with_immediate(wr, level) {
+                // Through the ring, as a send is: the target takes the
+                // immediate data from its ring anyway, and places the bytes
+                // just before (checked against its own registry); cheaper
+                // than a system call.  Checked here first, as a copy is.
+                if !remote_allows(conn, addr, handle, wr.total, true) {
+                    conn.counters.add(Counter::RdmaRefused, 1);
+                    let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
+                    return (STATUS_RDMA_PROT_ERROR, 0, why);
+                }
                 return ring_write(conn, wr, addr, handle, reliable, tally);
             }
             let copied = {
@@ -468,6 +484,17 @@ fn execute(
         // or through the ring): here only one without.
         Op::RdmaRead => (STATUS_FORMAT_ERROR, 0, None),
     }
+}
+
+/// Whether an RDMA write goes through the ring although the kernel lets
+/// this process copy into the target: one small enough to be copied inline
+/// (`VIA_INLINE_MAX`) that completes with immediate data, so the target
+/// drains its ring to take it.  Not at reliable reception, where a write
+/// completes only once its bytes are in the target's memory.  A write
+/// without immediate data is always copied at once: a target may poll its
+/// memory for it without calling the library.
+fn small_write_with_immediate(wr: &WorkRequest, level: u16) -> bool {
+    wr.immediate.is_some() && wr.total <= tuning().inline_max as u64 && level != SERVICE_RELIABLE_RECEPTION
 }
 
 /// An RDMA read by cross-memory attach: the status bits to add, the
