@@ -163,7 +163,7 @@ pub fn check_cpus() {
 /// Called when a poll (`VipRecvDone`, `VipSendDone`, `VipCQDone`, and the
 /// spin of the waits) found nothing.  A process confined to one CPU may
 /// share it with the peer that must answer: once its polls have found
-/// nothing for `YIELD_AFTER`, it offers the CPU to whoever else is ready
+/// nothing for `YIELD_AFTER` (at once), it offers the CPU to whoever else is ready
 /// there (`sched_yield`), so a polling application waits about as long as
 /// the peer needs, not a scheduler tick.  A yield that comes back at once
 /// found nobody else ready: the thread then polls without yielding for
@@ -233,8 +233,13 @@ pub fn busy_poll() {
     }
 }
 
-/// How long a thread confined to one CPU polls in vain before it yields.
-const YIELD_AFTER: Duration = Duration::from_micros(3);
+/// How long a thread confined to one CPU polls in vain before it yields:
+/// not at all past its first look at the clock (`CLOCK_EVERY` empty
+/// polls).  The peer that must answer may be waiting for this CPU, and
+/// polls of a few µs before each yield made a 4-byte ping-pong of two
+/// processes on one CPU 1.5-2× TCP's; a thread alone on its CPU yields once
+/// per `ALONE_FOR`.
+const YIELD_AFTER: Duration = Duration::ZERO;
 /// A yield shorter than this let nobody else run.
 const YIELDED_TO_NOBODY: Duration = Duration::from_micros(2);
 /// How long a thread that found nobody else ready polls without yielding.
