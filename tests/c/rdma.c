@@ -5,7 +5,8 @@
  * another ptag, an unregistered address, a range past the region's end, a
  * forged memory handle, a region whose EnableRdmaWrite the target turned
  * off, a handle the target deregistered, and a read from a region without
- * EnableRdmaRead.  The last two changes are made by the target while
+ * EnableRdmaRead.  The writes are refused again as small writes with
+ * immediate data, which go through the ring rather than a copy.  The last two changes are made by the target while
  * connected: the initiator must see them at once.
  *
  * A refused operation completes at the initiator with RDMA_PROT_ERROR and no
@@ -370,12 +371,16 @@ static const refusal_t refusals[] = {
     {"read from an unregistered address", VIP_TRUE, 1, 1},
 };
 
-static void refused_operation(init_t *in, size_t k)
+/* With `small_imm`, a write is a small one with immediate data, which goes
+ * through the ring rather than a cross-memory copy: refused the same way. */
+static void refused_operation(init_t *in, size_t k, int small_imm)
 {
     const refusal_t *r = &refusals[k];
     if (r->reliable_only && in->level == VIP_SERVICE_UNRELIABLE)
         return;
-    printf("    refused: %s\n", r->what);
+    if (small_imm && r->read)
+        return;
+    printf("    refused: %s%s\n", r->what, small_imm ? " (64 B with immediate data)" : "");
     connect_to(in, r->target_vi_write);
 
     uint64_t addr = in->t.w;
@@ -390,14 +395,23 @@ static void refused_operation(init_t *in, size_t k)
     case 5: addr = in->t.w - 64; len = 128; break;
     case 6: h = in->t.wh ^ 0x5A5A0000u; break;
     case 7: cmd(in, C_WENABLE, VIP_FALSE, 0, 0, 0, 0); break;
-    case 8: addr = in->t.d; h = in->t.dh; cmd(in, C_DEREG, 0, 0, 0, 0, 0); break;
+    case 8:
+        addr = in->t.d;
+        h = in->t.dh;
+        if (!small_imm) /* deregistered already in the first pass */
+            cmd(in, C_DEREG, 0, 0, 0, 0, 0);
+        break;
     case 9: addr = in->t.n; h = in->t.nh; break;
     case 10: addr = in->t.u; break;
     }
+    if (small_imm && len > 200)
+        len = 64;
     uint32_t seed = 400 + (uint32_t)k;
     vt_fill(in->buf.base, len, seed);
     VIP_UINT16 control = r->read ? VIP_CONTROL_OP_RDMAREAD : VIP_CONTROL_OP_RDMAWRITE;
-    VIP_DESCRIPTOR *d = rdma(in, control, 0, addr, h, len, 1);
+    if (small_imm)
+        control |= VIP_CONTROL_IMMEDIATE;
+    VIP_DESCRIPTOR *d = rdma(in, control, small_imm ? 0x5EEDu : 0, addr, h, len, 1);
     CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_RDMA_PROT_ERROR, d);
     /* A refused read brings nothing back either. */
     CHECK_PATTERN(in->buf.base, len, seed);
@@ -446,8 +460,9 @@ static void initiator_level(int fd, VIP_RELIABILITY_LEVEL level)
     vt_get(fd, &in.t, sizeof in.t);
 
     good_operations(&in);
-    for (size_t k = 0; k < sizeof refusals / sizeof refusals[0]; k++)
-        refused_operation(&in, k);
+    for (int small_imm = 0; small_imm <= 1; small_imm++)
+        for (size_t k = 0; k < sizeof refusals / sizeof refusals[0]; k++)
+            refused_operation(&in, k, small_imm);
 
     cmd(&in, C_END, 0, 0, 0, 0, 0);
     CHECK_OK(VipDestroyVi(in.vi));
