@@ -80,12 +80,17 @@ const SWEEP_ANYWAY: Duration = Duration::from_millis(50);
 impl SendEngine {
     /// Starts the send engine of a NIC, if the doorbell setting asks for one.
     pub fn start() -> std::io::Result<Option<Arc<SendEngine>>> {
-        if tuning().doorbell == Doorbell::Direct {
+        SendEngine::start_in(tuning().doorbell)
+    }
+
+    /// Starts a send engine for doorbells of `mode` (none for `Direct`).
+    fn start_in(mode: Doorbell) -> std::io::Result<Option<Arc<SendEngine>>> {
+        if mode == Doorbell::Direct {
             return Ok(None);
         }
         let wakeup = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let engine = Arc::new(SendEngine {
-            mode: tuning().doorbell,
+            mode,
             vis: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             central: Mutex::new(VecDeque::new()),
@@ -217,5 +222,74 @@ pub(crate) fn ring(engine: Option<&SendEngine>, vi: &Arc<dyn Ringer>, desc: Desc
     }
     if !engine.sweep() {
         engine.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VI that records the sends the engine carries out, in order.
+    #[derive(Default)]
+    struct Recorder {
+        doorbell: ViDoorbell,
+        taken: Mutex<Vec<usize>>,
+    }
+
+    impl Ringer for Recorder {
+        fn doorbell(&self) -> &ViDoorbell {
+            &self.doorbell
+        }
+        fn take(&self, r: Rung) {
+            self.taken.lock().push(r.desc.0);
+        }
+    }
+
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !f() {
+            assert!(Instant::now() < until, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn without_an_engine_a_send_is_carried_out_at_once() {
+        assert!(SendEngine::start_in(Doorbell::Direct).unwrap().is_none());
+        let vi = Arc::new(Recorder::default());
+        let ringer: Arc<dyn Ringer> = vi.clone();
+        ring(None, &ringer, DescPtr(64), 0);
+        assert_eq!(*vi.taken.lock(), vec![64]);
+    }
+
+    #[test]
+    fn every_rung_send_is_carried_out_in_order_even_while_another_sweeps() {
+        for mode in [Doorbell::PerVi, Doorbell::Central] {
+            let engine = SendEngine::start_in(mode).unwrap().unwrap();
+            let (a, b) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+            let (ra, rb): (Arc<dyn Ringer>, Arc<dyn Ringer>) = (a.clone(), b.clone());
+            engine.attach(Arc::downgrade(&ra));
+            engine.attach(Arc::downgrade(&rb));
+            // The ringing thread sweeps at once.
+            ring(Some(&engine), &ra, DescPtr(1), 0);
+            ring(Some(&engine), &rb, DescPtr(2), 0);
+            assert_eq!((a.taken.lock().clone(), b.taken.lock().clone()), (vec![1], vec![2]), "{mode:?}");
+            // A sweeper is busy: the doorbells wake the helper thread, which
+            // waits its turn and then carries them out, in posting order.
+            let busy = engine.sweeper.lock();
+            for d in 3..6 {
+                ring(Some(&engine), &ra, DescPtr(d), 0);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(a.taken.lock().len(), 1, "{mode:?}: nothing is taken while the sweeper is busy");
+            drop(busy);
+            eventually("the helper thread sweeps", || a.taken.lock().len() == 4);
+            assert_eq!(*a.taken.lock(), vec![1, 3, 4, 5], "{mode:?}");
+            // A detached VI is no longer scanned; the engine leaves the
+            // progress engine when its NIC closes.
+            engine.detach(&*ra);
+            engine.shut_down();
+            assert_eq!(engine.token.load(Ordering::Acquire), 0);
+        }
     }
 }
