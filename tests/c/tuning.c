@@ -25,11 +25,12 @@
 
 static size_t len_of(size_t i) { return i % 2 == 0 ? SMALL : LARGE; }
 
+/* Each in a child of its own: the settings are read once, at the first
+ * VipOpenNic.  arg: "NAME=VALUE". */
 static void bad_setting(int fd, void *arg)
 {
     (void)fd;
-    (void)arg;
-    setenv("VIA_DOORBELL", "d3", 1);
+    CHECK(putenv((char *)arg) == 0);
     VIP_NIC_HANDLE nic = NULL;
     CHECK_RET(VIP_INVALID_PARAMETER, VipOpenNic(VT_DEV, &nic));
 }
@@ -119,8 +120,11 @@ static int env_is(const char *name, const char *value)
 int main(void)
 {
     vt_init();
-    vt_child bad = vt_spawn("bad-setting", bad_setting, NULL);
-    vt_join(&bad);
+    static char *bad_values[] = {"VIA_DOORBELL=d3", "VIA_GSO=2", "VIA_PIN_MEMORY=yes"};
+    for (size_t i = 0; i < sizeof bad_values / sizeof bad_values[0]; i++) {
+        vt_child bad = vt_spawn("bad-setting", bad_setting, bad_values[i]);
+        vt_join(&bad);
+    }
 
     char profile[] = "/tmp/openvia-tuning-XXXXXX";
     int pfd = mkstemp(profile);

@@ -228,6 +228,7 @@ pub(crate) fn ring(engine: Option<&SendEngine>, vi: &Arc<dyn Ringer>, desc: Desc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::eventually;
 
     /// A VI that records the sends the engine carries out, in order.
     #[derive(Default)]
@@ -242,14 +243,6 @@ mod tests {
         }
         fn take(&self, r: Rung) {
             self.taken.lock().push(r.desc.0);
-        }
-    }
-
-    fn eventually(what: &str, f: impl Fn() -> bool) {
-        let until = Instant::now() + Duration::from_secs(5);
-        while !f() {
-            assert!(Instant::now() < until, "{what}");
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

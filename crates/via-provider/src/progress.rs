@@ -218,6 +218,17 @@ fn wait(e: &Engine, events: &mut [libc::epoll_event], timeout: Option<Duration>)
     unsafe { libc::epoll_wait(e.epoll.as_raw_fd(), events.as_mut_ptr(), max, ms) }
 }
 
+/// Waits up to 5 s for `f` to hold, else fails with `what` (the tests of
+/// the helper thread's work).
+#[cfg(test)]
+pub(crate) fn eventually(what: &str, f: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < until, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,14 +256,6 @@ mod tests {
     fn counted(every: Duration) -> Arc<Counted> {
         let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap();
         Arc::new(Counted { fd, ready: AtomicUsize::new(0), serviced: AtomicUsize::new(0), every })
-    }
-
-    fn eventually(what: &str, f: impl Fn() -> bool) {
-        let until = Instant::now() + Duration::from_secs(5);
-        while !f() {
-            assert!(Instant::now() < until, "{what}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
     }
 
     #[test]
