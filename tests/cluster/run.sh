@@ -553,7 +553,7 @@ ingress_dropped() {
 # and took as Ethernet frames (the last "network VI ..." line in LOG).
 frames_field() {
     grep 'network VI' "$1" | sed 's/\x1b\[[0-9;]*m//g' |
-        sed -n "s/.*frames=FrameTally {[^}]*$2: \([0-9]*\).*/\1/p" | tail -n 1
+        sed -n "s/.*frames=[A-Za-z]* {[^}]*$2: \([0-9]*\).*/\1/p" | tail -n 1
 }
 
 # Packets as Ethernet frames (docs/wire.md): the pingpong example between

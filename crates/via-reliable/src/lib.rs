@@ -17,10 +17,16 @@
 //! of an in-order packet belongs and the caller places it from its own
 //! receive buffer, without a copy.
 //!
+//! An [`endpoint::Endpoint`] is one port that carries many sessions: it
+//! routes received packets to them, has them acknowledge what they held
+//! back once the port is idle, schedules the port's reads, and decides
+//! when a packet may go as a frame, driven through an [`endpoint::Datapath`].
+//!
 //! `docs/wire.md` describes the protocol on the wire.
 
 #![warn(missing_docs)]
 
+pub mod endpoint;
 mod rtt;
 pub mod sim;
 

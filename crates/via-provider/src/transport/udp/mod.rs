@@ -6,6 +6,10 @@
 //! (`peer_socket`), all bound to one address.
 //! Each connected VI owns a [`via_reliable::Session`], the I/O-free protocol
 //! core; this module feeds it datagrams and time, and sends what it returns.
+//! What the port's sessions share without I/O (routing by VI, owed
+//! acknowledgements, which socket a poll reads, frame or datagram) is the
+//! I/O-free [`via_reliable::endpoint`]; the port's sockets and packet ring
+//! are its datapath (`Sockets`), the port's VIs its routes (`PortRoutes`).
 //! Whoever calls first drains the sockets: the application in its
 //! `Done`/`Wait` calls, or the helper thread when the application is not
 //! calling.
@@ -21,7 +25,6 @@ mod batch;
 pub(crate) mod ether;
 pub(crate) mod neighbours;
 pub(crate) mod peer_socket;
-mod read_schedule;
 pub(crate) mod send;
 
 use crate::counters::{Counter, Counters};
@@ -29,7 +32,6 @@ use crate::progress;
 use crate::transport::udp::batch::{first_packet_len, Batch, GRO_BUFFER};
 use crate::transport::udp::ether::EtherSocket;
 use crate::transport::udp::peer_socket::{bind_port, set_option, PeerSocket};
-use crate::transport::udp::read_schedule::ReadSchedule;
 use crate::transport::udp::send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use crate::tuning::tuning;
 use parking_lot::{Mutex, RwLock};
@@ -42,6 +44,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
+use via_reliable::endpoint::{Datapath, Endpoint, FrameChoice, Inbox, Routes, Tally};
 use via_reliable::{BreakReason, Config, Event, Segment, Session};
 use via_wire::frame::{Frame, MAC_LEN};
 use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
@@ -329,12 +332,9 @@ impl NetPort {
             ether,
             vis: RwLock::new(HashMap::default()),
             engine: Mutex::new(Engine {
-                batch: Batch::new(tuning().recv_batch, buffer, gro),
+                endpoint: Endpoint::new(segment),
+                input: Input { batch: Batch::new(tuning().recv_batch, buffer, gro), landing: None, frame_slot: 0 },
                 peers: Vec::new(),
-                schedule: ReadSchedule::default(),
-                owed: OwedAcks::default(),
-                landing: None,
-                frame_slot: 0,
                 idle_polls: 0,
             }),
             counters: counters.clone(),
@@ -495,10 +495,10 @@ impl NetPort {
         PortSleep(self.clone())
     }
 
-    /// Drains the sockets, handing each packet to its VI: the Ethernet
-    /// side's ring, then the sockets `ReadSchedule` names for this poll, or
-    /// with `everything` all of them.  Returns false when another thread is
-    /// draining them already.
+    /// Drains the sockets, handing each packet to its VI: the endpoint
+    /// reads the Ethernet side's ring, then the sockets its schedule names
+    /// for this poll, or with `everything` all of them.  Returns false when
+    /// another thread is draining them already.
     pub fn poll(&self, everything: bool) -> bool {
         let Some(mut engine) = self.engine.try_lock() else { return false };
         let engine = &mut *engine;
@@ -515,43 +515,27 @@ impl NetPort {
             drop(w);
             engine.peers.retain(|s| Arc::strong_count(s) > 1);
         }
-        engine.owed.app_away = everything;
-        let mut busy = false;
-        // Frames first: one is always the oldest packet its session has
-        // in flight (`NetState::send_frame`).
-        if let Some(ether) = &self.ether {
-            busy |= self.take_frames(ether, &mut engine.frame_slot, &mut engine.owed);
-        }
-        let peers_read = engine.schedule.peers_due(self.ether.is_some(), everything);
-        let mut udp = false;
-        if peers_read {
-            for i in 0..engine.peers.len() {
-                let fd = engine.peers[i].fd();
-                udp |= self.drain(engine, fd);
-            }
-        }
-        engine.schedule.peers_done(udp);
-        busy |= udp;
-        if engine.schedule.unconnected_due(peers_read, busy, engine.peers.is_empty(), everything) {
-            busy |= self.drain(engine, self.socket.as_raw_fd());
-        }
+        let mut sockets = Sockets { port: self, input: &mut engine.input, peers: &engine.peers };
+        let busy = engine.endpoint.poll(&mut sockets, &mut PortRoutes(self), everything);
+        self.count(engine.endpoint.take_tally());
         if !busy && !everything {
             engine.idle_polls = engine.idle_polls.wrapping_add(1);
             if engine.idle_polls.is_multiple_of(TIMER_CHECK_POLLS) {
                 self.run_due_timers();
             }
         }
-        // Idle: the data that came has been put where it belongs, so now
-        // is the time to acknowledge it (a reply may have done so already).
-        if !busy && !engine.owed.vis.is_empty() {
-            let app_away = engine.owed.app_away;
-            for id in engine.owed.vis.drain(..) {
-                if let Some(vi) = self.vis.read().get(&id).and_then(Weak::upgrade) {
-                    vi.send_owed_ack(app_away);
-                }
-            }
-        }
         true
+    }
+
+    /// Adds what the endpoint counted to the NIC's counters.
+    fn count(&self, tally: Tally) {
+        if tally == Tally::default() {
+            return;
+        }
+        self.counters.add(Counter::PacketsReceived, tally.packets);
+        self.counters.add(Counter::FramesReceived, tally.frames);
+        self.counters.add(Counter::Malformed, tally.malformed);
+        self.counters.add(Counter::UnknownVi, tally.unknown_vi);
     }
 
     /// Reads one socket: a datagram, and if more seem to follow (a long
@@ -559,14 +543,14 @@ impl NetPort {
     /// large packets come, each is read on its own, its payload straight
     /// into the posted receive buffer where it belongs (`land`).  Returns
     /// whether anything came.
-    fn drain(&self, engine: &mut Engine, fd: RawFd) -> bool {
+    fn drain(&self, input: &mut Input, fd: RawFd, inbox: &mut Inbox<'_>) -> bool {
         let mut any = false;
         loop {
             // The VI through its own reference: no lookup in the port's
             // table, shared by all its VIs, on each poll.
-            let target = engine.landing.as_ref().filter(|l| l.fd == fd).map(|l| (l.id, l.vi.upgrade()));
+            let target = input.landing.as_ref().filter(|l| l.fd == fd).map(|l| (l.id, l.vi.upgrade()));
             if let Some((id, vi)) = target {
-                match vi.and_then(|vi| self.land(engine, fd, id, &*vi)) {
+                match vi.and_then(|vi| self.land(input, fd, id, &*vi, inbox)) {
                     Some(Landed::Packet) => {
                         any = true;
                         continue;
@@ -575,23 +559,23 @@ impl NetPort {
                     // message: no look at the socket before it sees it.
                     Some(Landed::MessageEnd) => return true,
                     Some(Landed::Nothing) => return any,
-                    None => engine.landing = None,
+                    None => input.landing = None,
                 }
             }
-            if !engine.batch.receive_one(fd) {
+            if !input.batch.receive_one(fd) {
                 return any;
             }
-            self.received(engine, fd, 1);
-            if !engine.batch.more_likely(0, HEADER_LEN + self.segment) {
+            self.received(input, fd, 1, inbox);
+            if !input.batch.more_likely(0, HEADER_LEN + self.segment) {
                 return true;
             }
-            if engine.landing.as_ref().is_some_and(|l| l.fd == fd) {
+            if input.landing.as_ref().is_some_and(|l| l.fd == fd) {
                 any = true;
                 continue;
             }
-            while let Some(n) = engine.batch.receive(fd) {
-                self.received(engine, fd, n);
-                if n < engine.batch.lens.len() {
+            while let Some(n) = input.batch.receive(fd) {
+                self.received(input, fd, n, inbox);
+                if n < input.batch.lens.len() {
                     break;
                 }
             }
@@ -605,8 +589,15 @@ impl NetPort {
     /// whole packet for `vi` and intact, else put together behind its
     /// header as any other datagram.  `None` when `vi` has no message
     /// under way.
-    fn land(&self, engine: &mut Engine, fd: RawFd, id: u32, vi: &dyn NetReceiver) -> Option<Landed> {
-        let batch = &mut engine.batch;
+    fn land(
+        &self,
+        input: &mut Input,
+        fd: RawFd,
+        id: u32,
+        vi: &dyn NetReceiver,
+        inbox: &mut Inbox<'_>,
+    ) -> Option<Landed> {
+        let batch = &mut input.batch;
         let max = self.large_payload.min(batch.bufs[0].len() - HEADER_LEN);
         let mut landed = None;
         vi.receive_in_place(max, &mut |place, room| {
@@ -632,14 +623,14 @@ impl NetPort {
                 Ok(header) => {
                     self.counters.add(Counter::PacketsInPlace, 1);
                     let last = header.has(FLAG_LAST);
-                    self.deliver(Some(header.dst_vi), &[(header, payload)], &mut engine.owed, false);
+                    inbox.packet(header, payload);
                     if last {
                         return Some(Landed::MessageEnd);
                     }
                 }
                 Err(e) => {
                     tracing::debug!("malformed packet: {e}");
-                    self.counters.add(Counter::Malformed, 1);
+                    inbox.malformed();
                 }
             }
         } else {
@@ -648,48 +639,27 @@ impl NetPort {
             // SAFETY: the kernel wrote `moved` bytes at `place`, and the
             // batch's first buffer has room for them after the header.
             unsafe { std::ptr::copy_nonoverlapping(place, batch.bufs[0][HEADER_LEN..].as_mut_ptr(), moved) };
-            self.received(engine, fd, 1);
+            self.received(input, fd, 1, inbox);
         }
         Some(Landed::Packet)
     }
 
     /// Hands the frames waiting in the Ethernet side's ring to their VIs.
-    fn take_frames(&self, ether: &EtherSocket, slot: &mut usize, owed: &mut OwedAcks) -> bool {
+    fn take_frames(&self, ether: &EtherSocket, slot: &mut usize, inbox: &mut Inbox<'_>) -> bool {
         let port = self.local4.port();
-        ether.take(slot, |bytes| {
-            let packet = match Frame::new_checked(bytes) {
-                Ok(frame) if frame.port() == port => frame.packet(),
-                _ => {
-                    self.counters.add(Counter::Malformed, 1);
-                    return;
-                }
-            };
-            if let Some(header) = self.parse(packet) {
-                self.counters.add(Counter::FramesReceived, 1);
-                self.deliver(Some(header.dst_vi), &[(header, &packet[HEADER_LEN..])], owed, true);
-            }
+        ether.take(slot, |bytes| match Frame::new_checked(bytes) {
+            Ok(frame) if frame.port() == port => inbox.frame(frame.packet()),
+            _ => inbox.malformed(),
         })
-    }
-
-    /// The header of `packet`, checked; `None` (counted) for a malformed one.
-    fn parse(&self, packet: &[u8]) -> Option<Header> {
-        match Packet::new_checked(packet).and_then(|p| Header::parse(&p)) {
-            Ok(h) => Some(h),
-            Err(e) => {
-                tracing::debug!("malformed packet: {e}");
-                self.counters.add(Counter::Malformed, 1);
-                None
-            }
-        }
     }
 
     /// Hands the first `n` buffers of the batch, read from `fd`, to their
     /// VIs, and notes a large packet's VI for the next receive (`land`).
-    fn received(&self, engine: &mut Engine, fd: RawFd, n: usize) {
-        self.count_coalesced(&engine.batch, n);
-        if let Some(id) = self.dispatch(&engine.batch, &mut engine.owed, n) {
-            if !engine.landing.as_ref().is_some_and(|l| l.fd == fd && l.id == id) {
-                engine.landing = self.vis.read().get(&id).map(|vi| Landing { fd, id, vi: vi.clone() });
+    fn received(&self, input: &mut Input, fd: RawFd, n: usize, inbox: &mut Inbox<'_>) {
+        self.count_coalesced(&input.batch, n);
+        if let Some(id) = inbox.datagrams(input.batch.datagrams(n)) {
+            if !input.landing.as_ref().is_some_and(|l| l.fd == fd && l.id == id) {
+                input.landing = self.vis.read().get(&id).map(|vi| Landing { fd, id, vi: vi.clone() });
             }
         }
     }
@@ -699,51 +669,6 @@ impl NetPort {
         let coalesced = batch.segments[..n].iter().zip(&batch.lens).filter(|(&s, &len)| s > 0 && len > s).count();
         if coalesced > 0 {
             self.gro_buffers.fetch_add(coalesced as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// Hands a batch of datagrams to their VIs, consecutive packets of one VI
-    /// together, so that one acknowledgement can answer several.  Returns
-    /// the VI of the last large packet among them, if any.
-    fn dispatch(&self, batch: &Batch, owed: &mut OwedAcks, n: usize) -> Option<u32> {
-        // Consecutive packets of one VI: on the stack for the usual few.
-        let mut run: smallvec::SmallVec<[(Header, &[u8]); 4]> = smallvec::SmallVec::new();
-        let mut run_vi = None;
-        let mut large = None;
-        for datagram in batch.datagrams(n) {
-            let Some(header) = self.parse(datagram) else { continue };
-            if run_vi != Some(header.dst_vi) {
-                self.deliver(run_vi, &run, owed, false);
-                run.clear();
-                run_vi = Some(header.dst_vi);
-            }
-            if datagram.len() > HEADER_LEN + self.segment {
-                large = Some(header.dst_vi);
-            }
-            run.push((header, &datagram[HEADER_LEN..]));
-        }
-        self.deliver(run_vi, &run, owed, false);
-        large
-    }
-
-    /// Hands `packets` (that came in a frame if `frame`) to VI `vi`.
-    fn deliver(&self, vi: Option<u32>, packets: &[(Header, &[u8])], owed: &mut OwedAcks, frame: bool) {
-        let Some(id) = vi else { return };
-        if packets.is_empty() {
-            return;
-        }
-        let target = self.vis.read().get(&id).and_then(Weak::upgrade);
-        match target {
-            Some(vi) => {
-                self.counters.add(Counter::PacketsReceived, packets.len() as u64);
-                if vi.net_input(packets, frame, owed.app_away) && !owed.vis.contains(&id) {
-                    owed.vis.push(id);
-                }
-            }
-            None => {
-                tracing::debug!(vi = id, "packets for an unknown VI");
-                self.counters.add(Counter::UnknownVi, packets.len() as u64);
-            }
         }
     }
 
@@ -844,20 +769,71 @@ impl NetPort {
 
 /// What draining a port's sockets needs, held by whoever drains them.
 struct Engine {
+    /// Routing, owed acknowledgements and the read schedule.
+    endpoint: Endpoint,
+    /// The receive buffers and where the next packet probably lands.
+    input: Input,
+    /// The port's sockets connected to one peer each.
+    peers: Vec<Arc<PeerSocket>>,
+    /// The application's polls that found nothing, for `TIMER_CHECK_POLLS`.
+    idle_polls: u32,
+}
+
+/// The receive side of the port's sockets and packet ring.
+struct Input {
     /// The next slot of the Ethernet side's ring.
     frame_slot: usize,
     batch: Batch,
-    /// The port's sockets connected to one peer each.
-    peers: Vec<Arc<PeerSocket>>,
-    /// Which sockets the next poll reads.
-    schedule: ReadSchedule,
-    /// VIs whose sessions hold back an acknowledgement until a poll finds
-    /// the sockets empty.
-    owed: OwedAcks,
     /// Where the next datagram probably continues a VI's message.
     landing: Option<Landing>,
-    /// The application's polls that found nothing, for `TIMER_CHECK_POLLS`.
-    idle_polls: u32,
+}
+
+/// The port's sockets and packet ring as its endpoint's datapath, for one poll.
+struct Sockets<'a> {
+    port: &'a NetPort,
+    input: &'a mut Input,
+    peers: &'a [Arc<PeerSocket>],
+}
+
+impl Datapath for Sockets<'_> {
+    fn takes_frames(&self) -> bool {
+        self.port.ether.is_some()
+    }
+    fn has_peer_paths(&self) -> bool {
+        !self.peers.is_empty()
+    }
+    fn read_frames(&mut self, inbox: &mut Inbox<'_>) -> bool {
+        let Some(ether) = &self.port.ether else { return false };
+        self.port.take_frames(ether, &mut self.input.frame_slot, inbox)
+    }
+    fn read_peers(&mut self, inbox: &mut Inbox<'_>) -> bool {
+        let mut any = false;
+        for peer in self.peers {
+            any |= self.port.drain(self.input, peer.fd(), inbox);
+        }
+        any
+    }
+    fn read_shared(&mut self, inbox: &mut Inbox<'_>) -> bool {
+        self.port.drain(self.input, self.port.socket.as_raw_fd(), inbox)
+    }
+}
+
+/// The port's VIs, as its endpoint routes packets to them.
+struct PortRoutes<'a>(&'a NetPort);
+
+impl Routes for PortRoutes<'_> {
+    fn deliver(&mut self, id: u32, packets: &[(Header, &[u8])], frame: bool, app_away: bool) -> Option<bool> {
+        let target = self.0.vis.read().get(&id).and_then(Weak::upgrade);
+        if target.is_none() {
+            tracing::debug!(vi = id, "packets for an unknown VI");
+        }
+        Some(target?.net_input(packets, frame, app_away))
+    }
+    fn send_owed_ack(&mut self, id: u32, app_away: bool) {
+        if let Some(vi) = self.0.vis.read().get(&id).and_then(Weak::upgrade) {
+            vi.send_owed_ack(app_away);
+        }
+    }
 }
 
 /// What [`NetPort::land`] took from the socket.
@@ -875,18 +851,6 @@ struct Landing {
     fd: RawFd,
     id: u32,
     vi: Weak<dyn NetReceiver>,
-}
-
-/// The VIs that owe an acknowledgement, sent once a poll finds the
-/// sockets empty.  While the helper thread drains for an application that
-/// does not poll (`app_away`), everything received is acknowledged then,
-/// not after the acknowledgement's delay: no reply will carry it soon, and
-/// the helper thread's timer may wait long for a CPU the application is
-/// computing on, longer than the peer's retransmission timer.
-#[derive(Default)]
-struct OwedAcks {
-    vis: Vec<u32>,
-    app_away: bool,
 }
 
 /// The port's sockets, and the epoll set and token they are in, if any.
@@ -1057,55 +1021,8 @@ pub(crate) struct NetState {
     out: OutPackets,
     /// The session's counters when last added to the NIC's.
     seen: via_reliable::Stats,
-    /// Packets sent and received as frames.
-    frames: FrameTally,
-}
-
-/// A link's frames, and whether it gave them up.
-#[derive(Default, Debug)]
-pub(crate) struct FrameTally {
-    sent: u64,
-    heard: u64,
-    /// Sequenced packets sent as frames that had to be sent again.
-    lost: u64,
-    /// Frames lost since the last one known to have arrived.
-    lost_in_row: u64,
-    /// The sequence number of the last sequenced packet sent as a frame,
-    /// until it is sent again.
-    last_seq: Option<u32>,
-    /// `FRAMES_LOST` frames lost in a row: whatever the neighbour table
-    /// says, frames do not reach the peer.
-    off: bool,
-}
-
-/// Frames lost in a row after which a link sends datagrams only.
-const FRAMES_LOST: u64 = 3;
-
-impl FrameTally {
-    /// A packet with sequence number `seq` (`None`: not sequenced) leaves.
-    /// Sequence numbers only grow: the one a frame carried, seen again, is
-    /// a retransmission of that frame.
-    fn leaving(&mut self, seq: Option<u32>) {
-        if seq.is_some() && seq == self.last_seq {
-            self.lost += 1;
-            self.lost_in_row += 1;
-            self.last_seq = None;
-            self.off |= self.lost_in_row >= FRAMES_LOST;
-        }
-    }
-
-    /// The packet with `seq` left as a frame, the only packet in flight:
-    /// the sequenced frame before it was acknowledged without being sent
-    /// again, so it arrived.
-    fn sent_frame(&mut self, seq: Option<u32>) {
-        self.sent += 1;
-        if seq.is_some() {
-            if self.last_seq.is_some() {
-                self.lost_in_row = 0;
-            }
-            self.last_seq = seq;
-        }
-    }
+    /// Whether its packets may go as frames, and its frames so far.
+    frames: FrameChoice,
 }
 
 impl NetLink {
@@ -1139,7 +1056,7 @@ impl NetLink {
                 registry_of: None,
                 out: OutPackets::default(),
                 seen: Default::default(),
-                frames: FrameTally::default(),
+                frames: FrameChoice::default(),
             }),
         }
     }
@@ -1201,7 +1118,7 @@ impl NetState {
         self.out.clear();
         let mut batches = 0;
         let mut last = None;
-        let was_off = self.frames.off;
+        let was_off = self.frames.off();
         // The registry's deregistration count, read once per flush, where
         // a packet of the application's buffers is built.
         let mut deregistrations = None;
@@ -1237,14 +1154,12 @@ impl NetState {
         let stats = self.session.stats();
         if !self.out.is_empty() {
             let lone = batches == 0 && self.out.len() == 1;
-            let retransmitted = stats.retransmits != self.seen.retransmits;
-            if lone && !retransmitted && self.send_frame(link) {
-                self.frames.sent_frame(last);
-            } else {
+            let fresh = stats.retransmits == self.seen.retransmits;
+            if !self.send_frame(link, lone, fresh, last) {
                 send(&self.out);
             }
         }
-        if self.frames.off && !was_off {
+        if self.frames.off() && !was_off {
             tracing::info!(vi = link.local_vi, peer = %link.peer, "frames lost in a row: packets to this peer go over UDP only");
         }
         port.counters.add(Counter::Retransmits, stats.retransmits - self.seen.retransmits);
@@ -1254,19 +1169,20 @@ impl NetState {
         self.take_events(events);
     }
 
-    /// Sends the one packet in `out` as a frame, if it may go as one: the
-    /// link sends frames, and the packet is the only one in flight, so a
-    /// frame never overtakes an earlier packet sent over UDP.  Returns
-    /// whether it went.
-    fn send_frame(&mut self, link: &NetLink) -> bool {
+    /// Sends the one packet in `out` (sequence number `seq`) as a frame, if
+    /// it may go as one (`FrameChoice::may_send`): the link sends frames,
+    /// and the packet is the only one in flight, so a frame never overtakes
+    /// an earlier packet sent over UDP.  Returns whether it went.
+    fn send_frame(&mut self, link: &NetLink, lone: bool, fresh: bool, seq: Option<u32>) -> bool {
         let (Some((mac, port)), Some(ether)) = (link.frames_to, link.port.ether.as_ref()) else { return false };
         let Some(packet) = self.out.from(0).whole(0) else { return false };
-        if self.frames.off || self.session.in_flight() > 1 || packet.len() > ether.max_packet {
+        if !self.frames.may_send(lone, fresh, self.session.in_flight(), packet.len(), ether.max_packet) {
             return false;
         }
         if !ether.send(mac, port, packet) {
             return false;
         }
+        self.frames.sent_frame(seq);
         link.port.counters.add(Counter::PacketsSent, 1);
         link.port.counters.add(Counter::FramesSent, 1);
         true
@@ -1274,7 +1190,7 @@ impl NetState {
 
     /// A packet came from the peer as a frame.
     pub(crate) fn heard_frame(&mut self) {
-        self.frames.heard += 1;
+        self.frames.heard_frame();
     }
 
     /// Moves the session's queued events to `events`, forgetting the
@@ -1561,44 +1477,6 @@ mod tests {
         assert!(scatter(&segs, 2, b"abcd"));
         assert_eq!((&x, &y), (b"\0\0ab", b"cd\0\0"));
         assert!(!scatter(&segs, 6, b"abc"));
-    }
-
-    #[test]
-    fn a_link_gives_frames_up_after_three_lost_in_a_row_only() {
-        let mut t = FrameTally::default();
-        // Frames that arrive (the next goes out while nothing is in flight)
-        // and packets that are not frames' retransmissions.
-        for seq in 1..=5 {
-            t.leaving(Some(seq));
-            t.sent_frame(Some(seq));
-        }
-        t.leaving(None); // an acknowledgement
-        assert_eq!((t.sent, t.lost, t.off), (5, 0, false));
-        // Frame 6 goes out and comes back as a retransmission, twice over.
-        for seq in [6, 7] {
-            t.leaving(Some(seq));
-            t.sent_frame(Some(seq));
-            t.leaving(Some(seq));
-        }
-        assert_eq!((t.lost, t.lost_in_row, t.off), (2, 2, false));
-        // One that arrives clears the row...
-        t.leaving(Some(8));
-        t.sent_frame(Some(8));
-        t.leaving(Some(9));
-        t.sent_frame(Some(9));
-        assert_eq!((t.lost_in_row, t.off), (0, false));
-        // ...and three lost in a row end frames for the link.
-        for seq in [9, 10, 11] {
-            if seq != 9 {
-                t.leaving(Some(seq));
-                t.sent_frame(Some(seq));
-            }
-            t.leaving(Some(seq));
-        }
-        assert_eq!((t.lost, t.lost_in_row, t.off), (5, 3, true));
-        // An unsequenced frame neither counts as lost nor clears the row.
-        t.sent_frame(None);
-        assert_eq!(t.lost_in_row, 3);
     }
 
     /// `pages` pages mapped readable and writable, to register and unmap.

@@ -1,10 +1,11 @@
-//! Which of a port's sockets a poll reads.  Reading an empty socket is a
-//! system call that a packet arriving meanwhile waits behind, so sockets
-//! that rarely carry anything are read less often.
+//! Which of a port's sources a poll reads (in the provider, its sockets).
+//! Reading an empty socket is a system call that a packet arriving
+//! meanwhile waits behind, so sockets that rarely carry anything are read
+//! less often.
 //!
 //! - The sockets connected to a peer each carry that peer's datagrams:
 //!   read at every poll, except on a port that takes Ethernet frames
-//!   (`ether`) once they have been empty for `UDP_QUIET` polls; then, while
+//!   once they have been empty for `UDP_QUIET` polls; then, while
 //!   the packets come as frames, at every `UDP_QUIET_EVERY`th poll, until
 //!   one gives a packet again.
 //! - The unconnected socket only keeps what no connected one takes
@@ -21,7 +22,7 @@ const UDP_QUIET_EVERY: u32 = 16;
 
 /// What a port remembers of its polls to decide the next one's reads.
 #[derive(Debug, Default)]
-pub(crate) struct ReadSchedule {
+pub struct ReadSchedule {
     /// Polls since the unconnected socket was last read.
     since_unconnected: u32,
     /// Polls since the peer sockets last gave a packet.
@@ -31,14 +32,14 @@ pub(crate) struct ReadSchedule {
 impl ReadSchedule {
     /// Whether this poll reads the peer sockets, on a port that takes
     /// frames if `frames`; `everything` reads every socket.
-    pub(crate) fn peers_due(&self, frames: bool, everything: bool) -> bool {
+    pub fn peers_due(&self, frames: bool, everything: bool) -> bool {
         let q = self.udp_quiet;
         !frames || everything || q < UDP_QUIET || q.is_multiple_of(UDP_QUIET_EVERY)
     }
 
     /// This poll's peer sockets gave a packet (`got`), or nothing, or were
     /// not read.
-    pub(crate) fn peers_done(&mut self, got: bool) {
+    pub fn peers_done(&mut self, got: bool) {
         self.udp_quiet = if got { 0 } else { self.udp_quiet.saturating_add(1) };
     }
 
@@ -46,7 +47,7 @@ impl ReadSchedule {
     /// tells whether it read the peer sockets, `busy` whether anything came
     /// so far, `no_peers` that the port has no peer sockets (it reads the
     /// unconnected one at every poll then).
-    pub(crate) fn unconnected_due(&mut self, peers_read: bool, busy: bool, no_peers: bool, everything: bool) -> bool {
+    pub fn unconnected_due(&mut self, peers_read: bool, busy: bool, no_peers: bool, everything: bool) -> bool {
         self.since_unconnected = self.since_unconnected.saturating_add(1);
         let n = self.since_unconnected;
         let due = (n >= UNCONNECTED_EVERY && !busy) || n >= UNCONNECTED_LATEST;
