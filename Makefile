@@ -70,7 +70,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := header giganet gnu89 api_errors memory sendrecv aliases rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser
+TESTS := header giganet gnu89 api_errors memory sendrecv aliases rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser fork
 VALGRIND_TESTS := api_errors memory sendrecv badinput
 EXAMPLES := pingpong
 

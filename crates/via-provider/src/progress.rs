@@ -14,8 +14,8 @@ use parking_lot::Mutex;
 use rustix::event::{epoll, eventfd, EventfdFlags};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -53,32 +53,70 @@ struct Engine {
 
 const WAKEUP_TOKEN: Token = u64::MAX;
 
+/// The process's engine, started at the first use.  A child that `fork`
+/// made has no helper thread: it starts an engine of its own at its first
+/// use (`forget_in_child`), so a NIC the child opens is served.
+static ENGINE: AtomicPtr<Engine> = AtomicPtr::new(std::ptr::null_mut());
+
 fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<&'static Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC);
-        let wakeup = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK);
-        let (epoll, wakeup) = match (epoll, wakeup) {
-            (Ok(epoll), Ok(wakeup)) => (epoll, wakeup),
-            (Err(e), _) | (_, Err(e)) => panic!("epoll/eventfd: {}", std::io::Error::from(e)),
-        };
-        let engine: &'static Engine = Box::leak(Box::new(Engine {
-            epoll,
-            wakeup,
-            sources: Mutex::new(HashMap::new()),
-            timed: Mutex::new(Vec::new()),
-            next_token: AtomicU64::new(1),
-            jobs: Mutex::new(VecDeque::new()),
-            sleep_until: AtomicU64::new(u64::MAX),
-            epoch: Instant::now(),
-        }));
-        add(&engine.epoll, engine.wakeup.as_fd(), WAKEUP_TOKEN);
-        std::thread::Builder::new()
-            .name(THREAD_NAME.into())
-            .spawn(move || run(engine))
-            .expect("spawn the provider helper thread");
-        engine
-    })
+    let e = ENGINE.load(Ordering::Acquire);
+    if e.is_null() {
+        return start();
+    }
+    // SAFETY: a non-null pointer is an engine leaked by `start`, never freed.
+    unsafe { &*e }
+}
+
+#[cold]
+fn start() -> &'static Engine {
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    });
+    let epoll = epoll::create(epoll::CreateFlags::CLOEXEC);
+    let wakeup = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK);
+    let (epoll, wakeup) = match (epoll, wakeup) {
+        (Ok(epoll), Ok(wakeup)) => (epoll, wakeup),
+        (Err(e), _) | (_, Err(e)) => panic!("epoll/eventfd: {}", std::io::Error::from(e)),
+    };
+    let fresh = Box::into_raw(Box::new(Engine {
+        epoll,
+        wakeup,
+        sources: Mutex::new(HashMap::new()),
+        timed: Mutex::new(Vec::new()),
+        next_token: AtomicU64::new(1),
+        jobs: Mutex::new(VecDeque::new()),
+        sleep_until: AtomicU64::new(u64::MAX),
+        epoch: Instant::now(),
+    }));
+    match ENGINE.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {
+            // SAFETY: `fresh` is now the engine, leaked for the process's life.
+            let engine: &'static Engine = unsafe { &*fresh };
+            add(&engine.epoll, engine.wakeup.as_fd(), WAKEUP_TOKEN);
+            std::thread::Builder::new()
+                .name(THREAD_NAME.into())
+                .spawn(move || run(engine))
+                .expect("spawn the provider helper thread");
+            engine
+        }
+        Err(first) => {
+            // Another thread started it first: this one was never shared.
+            // SAFETY: `fresh` came from `Box::into_raw` above, `first` is leaked.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*first
+            }
+        }
+    }
+}
+
+/// In the child of a `fork`: the parent's engine has no thread here, and
+/// its locks may have been held at the fork.  The child leaves it alone
+/// and starts its own at its first use.  (Async-signal-safe: one store.)
+extern "C" fn forget_in_child() {
+    ENGINE.store(std::ptr::null_mut(), Ordering::Release);
 }
 
 const THREAD_NAME: &str = "via-progress";
