@@ -20,6 +20,7 @@ use crate::timeout::Deadline;
 pub(crate) use crate::transport::shm::Conn;
 use crate::transport::udp::{NetLink, NetPort};
 pub(crate) use crate::transport::Linked;
+use crate::transport::{Ending, Link};
 use crate::tuning::tuning;
 use crate::vi::{Vi, ViState};
 use parking_lot::Mutex;
@@ -505,27 +506,24 @@ fn rendezvous(
         agent(&vi.nic).connect(&req, deadline.remaining_or_long()).map_err(agent_error)?
     };
     match (matched.fds, identity) {
-        (Some(fds), _) => Ok(Linked::Shm(shm_handshake(vi, fds, side(matched.side), deadline, peer_model)?)),
+        (Some(fds), _) => {
+            let conn = shm_handshake(vi, fds, side(matched.side), deadline, peer_model)?;
+            Ok(Linked { peer: conn.peer, link: Link::Shm(conn) })
+        }
         (None, Some((port, key, _))) => {
             let endpoint = client::decode_endpoint(&matched.remote_info).ok_or(ViaError::NotReachable)?;
-            Ok(Linked::Net(net_link(vi, port, key, &endpoint), endpoint_of(&endpoint)))
+            Ok(Linked { link: Link::Net(net_link(vi, port, key, &endpoint)), peer: endpoint_of(&endpoint) })
         }
         (None, None) => Err(ViaError::NotReachable),
     }
 }
 
 fn finish(vi: &Arc<Vi>, linked: Linked) -> Endpoint {
-    match linked {
-        Linked::Shm(conn) => {
-            let peer = conn.peer;
-            vi.connected(conn);
-            peer
-        }
-        Linked::Net(link, peer) => {
-            vi.connected_net(link);
-            peer
-        }
+    match linked.link {
+        Link::Shm(conn) => vi.connected(conn),
+        Link::Net(link) => vi.connected_net(link),
     }
+    linked.peer
 }
 
 /// `VipConnectRequest`: returns the server's endpoint.
@@ -574,16 +572,10 @@ pub fn peer_done(vi: &Arc<Vi>, wait: bool) -> ViaResult<Endpoint> {
         let outcome = vi.peer_outcome.lock().take();
         match outcome {
             Some(Ok(linked)) => {
-                let peer = match &linked {
-                    Linked::Shm(conn) => conn.peer,
-                    Linked::Net(_, peer) => *peer,
-                };
+                let peer = linked.peer;
                 let attrs = vi.attrs();
                 if attrs.reliability != peer.reliability || attrs.max_transfer != peer.max_transfer {
-                    match &linked {
-                        Linked::Shm(conn) => conn.tell(PeerMessage::Break(via_core::consts::error_code::CONN_LOST)),
-                        Linked::Net(link, _) => link.close(Some(via_core::consts::error_code::CONN_LOST)),
-                    }
+                    linked.link.end(Ending::Break(Some(via_core::consts::error_code::CONN_LOST)));
                     abort(vi);
                     return Err(if attrs.reliability != peer.reliability {
                         ViaError::InvalidReliabilityLevel

@@ -51,8 +51,8 @@ impl Link {
     }
 }
 
-/// A connection being completed: shared memory or network.
-pub(crate) enum Linked {
-    Shm(Arc<shm::Conn>),
-    Net(Arc<udp::NetLink>, Endpoint),
+/// A connection being completed: its transport, and the peer's endpoint.
+pub(crate) struct Linked {
+    pub link: Link,
+    pub peer: Endpoint,
 }
