@@ -27,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod endpoint;
+pub mod netsim;
 mod rtt;
 pub mod sim;
 

@@ -4,7 +4,9 @@
 //! ring, no IP or UDP layer) and can overtake them.  So a packet goes as a
 //! frame only when it is the one packet of its flush and the only one its
 //! session has in flight, and is not a retransmission: then no earlier
-//! packet is left for it to overtake.  Frames that keep getting lost (the
+//! packet is left for it to overtake.  A closed session's last packet (its
+//! BREAK or DISCONNECT) never goes as a frame: the session forgot what it
+//! had in flight, which may still be on its way.  Frames that keep getting lost (the
 //! peer is not really on this link) turn frames off for the link.
 
 /// Frames lost in a row after which a link sends datagrams only.
@@ -44,10 +46,10 @@ impl FrameChoice {
 
     /// Whether the packet a flush leaves with may go as a frame: it is the
     /// only packet of the flush (`lone`) and no retransmission (`fresh`),
-    /// its session has no other packet in flight, it fits a frame
-    /// (`len <= max`), and frames still reach the peer.
-    pub fn may_send(&self, lone: bool, fresh: bool, in_flight: u32, len: usize, max: usize) -> bool {
-        lone && fresh && !self.off && in_flight <= 1 && len <= max
+    /// its session is open and has no other packet in flight, it fits a
+    /// frame (`len <= max`), and frames still reach the peer.
+    pub fn may_send(&self, lone: bool, fresh: bool, open: bool, in_flight: u32, len: usize, max: usize) -> bool {
+        lone && fresh && open && !self.off && in_flight <= 1 && len <= max
     }
 
     /// The packet with `seq` left as a frame, the only packet in flight:
@@ -81,12 +83,13 @@ mod tests {
     #[test]
     fn a_frame_goes_only_alone_fresh_and_as_the_one_packet_in_flight() {
         let f = FrameChoice::default();
-        assert!(f.may_send(true, true, 1, 100, 1500));
-        assert!(f.may_send(true, true, 0, 100, 1500));
-        assert!(!f.may_send(false, true, 1, 100, 1500), "one of several");
-        assert!(!f.may_send(true, false, 1, 100, 1500), "a retransmission");
-        assert!(!f.may_send(true, true, 2, 100, 1500), "another packet in flight");
-        assert!(!f.may_send(true, true, 1, 1501, 1500), "too long");
+        assert!(f.may_send(true, true, true, 1, 100, 1500));
+        assert!(f.may_send(true, true, true, 0, 100, 1500));
+        assert!(!f.may_send(false, true, true, 1, 100, 1500), "one of several");
+        assert!(!f.may_send(true, false, true, 1, 100, 1500), "a retransmission");
+        assert!(!f.may_send(true, true, false, 0, 100, 1500), "the last packet of a closed session");
+        assert!(!f.may_send(true, true, true, 2, 100, 1500), "another packet in flight");
+        assert!(!f.may_send(true, true, true, 1, 1501, 1500), "too long");
     }
 
     #[test]

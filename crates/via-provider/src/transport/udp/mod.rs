@@ -1176,7 +1176,8 @@ impl NetState {
     fn send_frame(&mut self, link: &NetLink, lone: bool, fresh: bool, seq: Option<u32>) -> bool {
         let (Some((mac, port)), Some(ether)) = (link.frames_to, link.port.ether.as_ref()) else { return false };
         let Some(packet) = self.out.from(0).whole(0) else { return false };
-        if !self.frames.may_send(lone, fresh, self.session.in_flight(), packet.len(), ether.max_packet) {
+        let open = !self.session.is_closed();
+        if !self.frames.may_send(lone, fresh, open, self.session.in_flight(), packet.len(), ether.max_packet) {
             return false;
         }
         if !ether.send(mac, port, packet) {
