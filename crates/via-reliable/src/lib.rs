@@ -560,6 +560,31 @@ impl Session {
         self.unacked > 0 && !self.closed
     }
 
+    /// Whether this session should acknowledge once its port finds nothing
+    /// more to take ([`endpoint::Routes::deliver`]): it holds back an owed
+    /// acknowledgement, or, with `app_away` (no reply will carry one soon),
+    /// anything received is unacknowledged.
+    pub fn acks_at_idle(&self, app_away: bool) -> bool {
+        if app_away {
+            self.ack_pending()
+        } else {
+            self.ack_owed()
+        }
+    }
+
+    /// Readies the acknowledgement its port found owed once it had nothing
+    /// more to take ([`Session::acks_at_idle`]): with `app_away`, of
+    /// everything received, without the delay.  Returns whether one is to
+    /// go: then the next [`Session::poll_transmit`] carries it.
+    pub fn ready_idle_ack(&mut self, app_away: bool) -> bool {
+        if app_away {
+            self.acknowledge_now();
+            true
+        } else {
+            self.ack_owed()
+        }
+    }
+
     /// Makes the next [`Session::poll_transmit`] acknowledge what was
     /// received without waiting for the delay, for a receiver whose
     /// application is not there to reply (and carry the acknowledgement)

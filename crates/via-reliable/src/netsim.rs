@@ -699,32 +699,21 @@ impl Link {
         if !self.session.acks_held() {
             self.session.release_acks();
             self.apply(pending, out);
-            return self.owed_ack(app_away);
+            return self.session.acks_at_idle(app_away);
         }
         // Placed only now, after packets that left meanwhile: they must not
         // have acknowledged it.
         self.apply(pending, out);
         self.session.release_acks();
         self.flush_and_apply(now, true, out);
-        self.owed_ack(app_away)
-    }
-
-    /// What the provider's VI reports of an acknowledgement it held back.
-    fn owed_ack(&self, app_away: bool) -> bool {
-        if app_away {
-            self.session.ack_pending()
-        } else {
-            self.session.ack_owed()
-        }
+        self.session.acks_at_idle(app_away)
     }
 
     /// Sends the acknowledgement held back, if still owed (with
     /// `app_away`: of everything received, without the delay).  Returns
     /// whether a packet went.
     fn send_owed_ack(&mut self, now: Instant, app_away: bool, out: &mut HostOut) -> bool {
-        if app_away {
-            self.session.acknowledge_now();
-        } else if !self.session.ack_owed() {
+        if !self.session.ready_idle_ack(app_away) {
             return false;
         }
         let sent = self.session.stats().packets_sent;

@@ -193,7 +193,7 @@ impl Vi {
                 if let Some(t) = st.session.poll_timeout() {
                     link.port.timer_before(t);
                 }
-                Some(owed_ack(&st.session, app_away))
+                Some(st.session.acks_at_idle(app_away))
             } else {
                 None
             }
@@ -214,7 +214,7 @@ impl Vi {
             if let Some(t) = st.session.poll_timeout() {
                 link.port.timer_before(t);
             }
-            owed_ack(&st.session, app_away)
+            st.session.acks_at_idle(app_away)
         };
         if !more.is_empty() {
             self.apply_net(&link, more);
@@ -256,9 +256,7 @@ impl Vi {
         let mut events = NetEvents::new();
         {
             let mut st = link.state.lock();
-            if app_away {
-                st.session.acknowledge_now();
-            } else if !st.session.ack_owed() {
+            if !st.session.ready_idle_ack(app_away) {
                 return;
             }
             st.flush(&link, &mut events);
@@ -712,14 +710,6 @@ fn local_allows(rules: &Rules, handle: u32, addr: u64, len: u64, flag: u32) -> b
 
 /// What `Vi::net_input` reports of a session's acknowledgement: owed, or
 /// with `app_away` anything unacknowledged.
-fn owed_ack(session: &via_reliable::Session, app_away: bool) -> bool {
-    if app_away {
-        session.ack_pending()
-    } else {
-        session.ack_owed()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
