@@ -52,7 +52,7 @@ pub trait Routes {
 
 /// Where a port's packets come from: some sources of frames and datagrams
 /// that a poll reads, in the order and as often as its [`ReadSchedule`]
-/// says.  Each read hands what it finds to the [`Inbox`] and returns
+/// says.  Each read hands what it finds to the [`Arrivals`] and returns
 /// whether it found anything.
 pub trait Datapath {
     /// Whether it takes Ethernet frames: they are read first, and its peer
@@ -62,12 +62,12 @@ pub trait Datapath {
     /// without, every poll reads the shared one.
     fn has_peer_paths(&self) -> bool;
     /// Reads the frames waiting.
-    fn read_frames(&mut self, inbox: &mut Inbox<'_>) -> bool;
+    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool;
     /// Reads the datagrams waiting on the paths to each peer.
-    fn read_peers(&mut self, inbox: &mut Inbox<'_>) -> bool;
+    fn read_peers(&mut self, arrivals: &mut Arrivals<'_>) -> bool;
     /// Reads the datagrams waiting on the shared path (those no peer path
     /// took: before a connection is complete, a peer without a path).
-    fn read_shared(&mut self, inbox: &mut Inbox<'_>) -> bool;
+    fn read_shared(&mut self, arrivals: &mut Arrivals<'_>) -> bool;
 }
 
 /// What an endpoint counted since it was last asked ([`Endpoint::take_tally`]).
@@ -87,7 +87,7 @@ pub struct Tally {
 #[derive(Debug)]
 pub struct Endpoint {
     /// Payload bytes per packet: a longer one is a large packet
-    /// ([`Inbox::datagrams`]).
+    /// ([`Arrivals::datagrams`]).
     segment: usize,
     schedule: ReadSchedule,
     /// VIs whose sessions hold back an acknowledgement.
@@ -96,7 +96,7 @@ pub struct Endpoint {
 }
 
 /// The endpoint's side of one poll, handed to the datapath's reads.
-pub struct Inbox<'a> {
+pub struct Arrivals<'a> {
     segment: usize,
     owed: &'a mut Vec<u32>,
     tally: &'a mut Tally,
@@ -117,25 +117,30 @@ impl Endpoint {
     /// held back an acknowledgement send it.  Returns whether anything came.
     pub fn poll(&mut self, datapath: &mut dyn Datapath, routes: &mut dyn Routes, everything: bool) -> bool {
         let frames = datapath.takes_frames();
-        let mut inbox =
-            Inbox { segment: self.segment, owed: &mut self.owed, tally: &mut self.tally, routes, app_away: everything };
+        let mut arrivals = Arrivals {
+            segment: self.segment,
+            owed: &mut self.owed,
+            tally: &mut self.tally,
+            routes,
+            app_away: everything,
+        };
         let mut busy = false;
         // Frames first: one is always the oldest packet its session has
         // in flight (`FrameChoice`).
         if frames {
-            busy |= datapath.read_frames(&mut inbox);
+            busy |= datapath.read_frames(&mut arrivals);
         }
         let peers_read = self.schedule.peers_due(frames, everything);
-        let got = peers_read && datapath.read_peers(&mut inbox);
+        let got = peers_read && datapath.read_peers(&mut arrivals);
         self.schedule.peers_done(got);
         busy |= got;
         if self.schedule.unconnected_due(peers_read, busy, !datapath.has_peer_paths(), everything) {
-            busy |= datapath.read_shared(&mut inbox);
+            busy |= datapath.read_shared(&mut arrivals);
         }
         // Idle: what came has been put where it belongs, so now is the
         // time to acknowledge it (a reply may have done so already).
         if !busy {
-            let Inbox { owed, routes, .. } = inbox;
+            let Arrivals { owed, routes, .. } = arrivals;
             for vi in owed.drain(..) {
                 routes.send_owed_ack(vi, everything);
             }
@@ -154,7 +159,7 @@ impl Endpoint {
     }
 }
 
-impl Inbox<'_> {
+impl Arrivals<'_> {
     /// Whether the application is away (the poll reads everything for it).
     pub fn app_away(&self) -> bool {
         self.app_away

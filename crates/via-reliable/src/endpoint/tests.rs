@@ -21,24 +21,24 @@ impl Datapath for Queues {
     fn has_peer_paths(&self) -> bool {
         self.peer_paths
     }
-    fn read_frames(&mut self, inbox: &mut Inbox<'_>) -> bool {
+    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
         self.reads.push("frames");
         let any = !self.frames.is_empty();
         for f in self.frames.drain(..) {
-            inbox.frame(&f);
+            arrivals.frame(&f);
         }
         any
     }
-    fn read_peers(&mut self, inbox: &mut Inbox<'_>) -> bool {
+    fn read_peers(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
         self.reads.push("peers");
         let batch: Vec<Vec<u8>> = self.peers.drain(..).collect();
-        inbox.datagrams(batch.iter().map(|d| &d[..]));
+        arrivals.datagrams(batch.iter().map(|d| &d[..]));
         !batch.is_empty()
     }
-    fn read_shared(&mut self, inbox: &mut Inbox<'_>) -> bool {
+    fn read_shared(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
         self.reads.push("shared");
         let batch: Vec<Vec<u8>> = self.shared.drain(..).collect();
-        inbox.datagrams(batch.iter().map(|d| &d[..]));
+        arrivals.datagrams(batch.iter().map(|d| &d[..]));
         !batch.is_empty()
     }
 }
@@ -129,12 +129,12 @@ fn frames_are_read_first_and_large_packets_name_their_vi() {
     assert_eq!(&dp.reads[..2], &["frames", "peers"]);
     assert_eq!(vis.runs[0], (2, vec![5], true, false));
     assert_eq!(ep.take_tally().frames, 1);
-    let mut inbox =
-        Inbox { segment: 4, owed: &mut Vec::new(), tally: &mut Tally::default(), routes: &mut vis, app_away: false };
+    let mut arrivals =
+        Arrivals { segment: 4, owed: &mut Vec::new(), tally: &mut Tally::default(), routes: &mut vis, app_away: false };
     let small = packet(1, 2, b"abcd");
     let large = packet(2, 6, b"abcdefgh");
-    assert_eq!(inbox.datagrams([&small[..]]), None);
-    assert_eq!(inbox.datagrams([&large[..], &small[..]]), Some(2));
+    assert_eq!(arrivals.datagrams([&small[..]]), None);
+    assert_eq!(arrivals.datagrams([&large[..], &small[..]]), Some(2));
 }
 
 #[test]

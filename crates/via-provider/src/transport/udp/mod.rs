@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
-use via_reliable::endpoint::{Datapath, Endpoint, FrameChoice, Inbox, Routes, Tally};
+use via_reliable::endpoint::{Arrivals, Datapath, Endpoint, FrameChoice, Routes, Tally};
 use via_reliable::{BreakReason, Config, Event, Segment, Session};
 use via_wire::frame::{Frame, MAC_LEN};
 use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
@@ -543,14 +543,14 @@ impl NetPort {
     /// large packets come, each is read on its own, its payload straight
     /// into the posted receive buffer where it belongs (`land`).  Returns
     /// whether anything came.
-    fn drain(&self, input: &mut Input, fd: RawFd, inbox: &mut Inbox<'_>) -> bool {
+    fn drain(&self, input: &mut Input, fd: RawFd, arrivals: &mut Arrivals<'_>) -> bool {
         let mut any = false;
         loop {
             // The VI through its own reference: no lookup in the port's
             // table, shared by all its VIs, on each poll.
             let target = input.landing.as_ref().filter(|l| l.fd == fd).map(|l| (l.id, l.vi.upgrade()));
             if let Some((id, vi)) = target {
-                match vi.and_then(|vi| self.land(input, fd, id, &*vi, inbox)) {
+                match vi.and_then(|vi| self.land(input, fd, id, &*vi, arrivals)) {
                     Some(Landed::Packet) => {
                         any = true;
                         continue;
@@ -565,7 +565,7 @@ impl NetPort {
             if !input.batch.receive_one(fd) {
                 return any;
             }
-            self.received(input, fd, 1, inbox);
+            self.received(input, fd, 1, arrivals);
             if !input.batch.more_likely(0, HEADER_LEN + self.segment) {
                 return true;
             }
@@ -574,7 +574,7 @@ impl NetPort {
                 continue;
             }
             while let Some(n) = input.batch.receive(fd) {
-                self.received(input, fd, n, inbox);
+                self.received(input, fd, n, arrivals);
                 if n < input.batch.lens.len() {
                     break;
                 }
@@ -595,7 +595,7 @@ impl NetPort {
         fd: RawFd,
         id: u32,
         vi: &dyn NetReceiver,
-        inbox: &mut Inbox<'_>,
+        arrivals: &mut Arrivals<'_>,
     ) -> Option<Landed> {
         let batch = &mut input.batch;
         let max = self.large_payload.min(batch.bufs[0].len() - HEADER_LEN);
@@ -623,14 +623,14 @@ impl NetPort {
                 Ok(header) => {
                     self.counters.add(Counter::PacketsInPlace, 1);
                     let last = header.has(FLAG_LAST);
-                    inbox.packet(header, payload);
+                    arrivals.packet(header, payload);
                     if last {
                         return Some(Landed::MessageEnd);
                     }
                 }
                 Err(e) => {
                     tracing::debug!("malformed packet: {e}");
-                    inbox.malformed();
+                    arrivals.malformed();
                 }
             }
         } else {
@@ -639,25 +639,25 @@ impl NetPort {
             // SAFETY: the kernel wrote `moved` bytes at `place`, and the
             // batch's first buffer has room for them after the header.
             unsafe { std::ptr::copy_nonoverlapping(place, batch.bufs[0][HEADER_LEN..].as_mut_ptr(), moved) };
-            self.received(input, fd, 1, inbox);
+            self.received(input, fd, 1, arrivals);
         }
         Some(Landed::Packet)
     }
 
     /// Hands the frames waiting in the Ethernet side's ring to their VIs.
-    fn take_frames(&self, ether: &EtherSocket, slot: &mut usize, inbox: &mut Inbox<'_>) -> bool {
+    fn take_frames(&self, ether: &EtherSocket, slot: &mut usize, arrivals: &mut Arrivals<'_>) -> bool {
         let port = self.local4.port();
         ether.take(slot, |bytes| match Frame::new_checked(bytes) {
-            Ok(frame) if frame.port() == port => inbox.frame(frame.packet()),
-            _ => inbox.malformed(),
+            Ok(frame) if frame.port() == port => arrivals.frame(frame.packet()),
+            _ => arrivals.malformed(),
         })
     }
 
     /// Hands the first `n` buffers of the batch, read from `fd`, to their
     /// VIs, and notes a large packet's VI for the next receive (`land`).
-    fn received(&self, input: &mut Input, fd: RawFd, n: usize, inbox: &mut Inbox<'_>) {
+    fn received(&self, input: &mut Input, fd: RawFd, n: usize, arrivals: &mut Arrivals<'_>) {
         self.count_coalesced(&input.batch, n);
-        if let Some(id) = inbox.datagrams(input.batch.datagrams(n)) {
+        if let Some(id) = arrivals.datagrams(input.batch.datagrams(n)) {
             if !input.landing.as_ref().is_some_and(|l| l.fd == fd && l.id == id) {
                 input.landing = self.vis.read().get(&id).map(|vi| Landing { fd, id, vi: vi.clone() });
             }
@@ -802,19 +802,19 @@ impl Datapath for Sockets<'_> {
     fn has_peer_paths(&self) -> bool {
         !self.peers.is_empty()
     }
-    fn read_frames(&mut self, inbox: &mut Inbox<'_>) -> bool {
+    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
         let Some(ether) = &self.port.ether else { return false };
-        self.port.take_frames(ether, &mut self.input.frame_slot, inbox)
+        self.port.take_frames(ether, &mut self.input.frame_slot, arrivals)
     }
-    fn read_peers(&mut self, inbox: &mut Inbox<'_>) -> bool {
+    fn read_peers(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
         let mut any = false;
         for peer in self.peers {
-            any |= self.port.drain(self.input, peer.fd(), inbox);
+            any |= self.port.drain(self.input, peer.fd(), arrivals);
         }
         any
     }
-    fn read_shared(&mut self, inbox: &mut Inbox<'_>) -> bool {
-        self.port.drain(self.input, self.port.socket.as_raw_fd(), inbox)
+    fn read_shared(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.port.drain(self.input, self.port.socket.as_raw_fd(), arrivals)
     }
 }
 
