@@ -55,20 +55,51 @@ const WAKEUP_TOKEN: Token = u64::MAX;
 
 /// The process's engine, started at the first use.  A child that `fork`
 /// made has no helper thread: it starts an engine of its own at its first
-/// use (`forget_in_child`), so a NIC the child opens is served.
-static ENGINE: AtomicPtr<Engine> = AtomicPtr::new(std::ptr::null_mut());
-
+/// use, for the pointer to the parent's reads as null there (`engine_slot`).
 fn engine() -> &'static Engine {
-    let e = ENGINE.load(Ordering::Acquire);
+    let slot = engine_slot();
+    let e = slot.load(Ordering::Acquire);
     if e.is_null() {
-        return start();
+        return start(slot);
     }
     // SAFETY: a non-null pointer is an engine leaked by `start`, never freed.
     unsafe { &*e }
 }
 
+/// Where the pointer to the engine lives: a page the kernel zeroes in a
+/// child made by `fork` (`MADV_WIPEONFORK`, Linux 4.14), however the fork
+/// was made (a sanitizer's runtime forks past libc's handlers).  Where the
+/// kernel refuses, a `pthread_atfork` handler clears it instead.
+fn engine_slot() -> &'static AtomicPtr<Engine> {
+    static SLOT: std::sync::OnceLock<&'static AtomicPtr<Engine>> = std::sync::OnceLock::new();
+    SLOT.get_or_init(|| {
+        let page = 4096;
+        // SAFETY: an anonymous private mapping of one page, checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Box::leak(Box::new(AtomicPtr::new(std::ptr::null_mut())));
+        }
+        // SAFETY: `p` is the page just mapped.
+        if unsafe { libc::madvise(p, page, libc::MADV_WIPEONFORK) } != 0 {
+            tracing::debug!("no MADV_WIPEONFORK: a forked child's helper thread rests on pthread_atfork");
+        }
+        // SAFETY: the page is zeroed (a null pointer), aligned, mapped for
+        // the process's life, and only ever used as this atomic.
+        unsafe { &*(p as *const AtomicPtr<Engine>) }
+    })
+}
+
 #[cold]
-fn start() -> &'static Engine {
+fn start(slot: &'static AtomicPtr<Engine>) -> &'static Engine {
     static AT_FORK: std::sync::Once = std::sync::Once::new();
     AT_FORK.call_once(|| {
         // SAFETY: registers a handler that only stores to an atomic.
@@ -90,7 +121,7 @@ fn start() -> &'static Engine {
         sleep_until: AtomicU64::new(u64::MAX),
         epoch: Instant::now(),
     }));
-    match ENGINE.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
+    match slot.compare_exchange(std::ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {
             // SAFETY: `fresh` is now the engine, leaked for the process's life.
             let engine: &'static Engine = unsafe { &*fresh };
@@ -116,7 +147,7 @@ fn start() -> &'static Engine {
 /// its locks may have been held at the fork.  The child leaves it alone
 /// and starts its own at its first use.  (Async-signal-safe: one store.)
 extern "C" fn forget_in_child() {
-    ENGINE.store(std::ptr::null_mut(), Ordering::Release);
+    engine_slot().store(std::ptr::null_mut(), Ordering::Release);
 }
 
 const THREAD_NAME: &str = "via-progress";
