@@ -21,8 +21,8 @@
 //!   only when it is the one packet in flight ([`FrameChoice`]).
 //!
 //! A [`Datapath`] moves the bytes: the provider's UDP sockets with GSO/GRO
-//! and their Ethernet side's packet ring, or the simulator's network
-//! ([`crate::netsim`]).  [`Endpoint::poll`] drives it.
+//! with its packet ring of Ethernet frames [`Beside`] them, or the
+//! simulator's network ([`crate::netsim`]).  [`Endpoint::poll`] drives it.
 
 mod frames;
 mod read_schedule;
@@ -53,21 +53,79 @@ pub trait Routes {
 /// Where a port's packets come from: some sources of frames and datagrams
 /// that a poll reads, in the order and as often as its [`ReadSchedule`]
 /// says.  Each read hands what it finds to the [`Arrivals`] and returns
-/// whether it found anything.
+/// whether it found anything; a source a datapath lacks has nothing.
+/// Datapaths stack like smoltcp's devices: [`Beside`] puts one that takes
+/// frames beside one that takes datagrams.
 pub trait Datapath {
     /// Whether it takes Ethernet frames: they are read first, and its peer
     /// paths less often while they are quiet.
-    fn takes_frames(&self) -> bool;
+    fn takes_frames(&self) -> bool {
+        false
+    }
     /// Whether it has paths of its own to some peers (connected sockets);
     /// without, every poll reads the shared one.
-    fn has_peer_paths(&self) -> bool;
+    fn has_peer_paths(&self) -> bool {
+        false
+    }
     /// Reads the frames waiting.
-    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool;
+    fn read_frames(&mut self, _arrivals: &mut Arrivals<'_>) -> bool {
+        false
+    }
     /// Reads the datagrams waiting on the paths to each peer.
-    fn read_peers(&mut self, arrivals: &mut Arrivals<'_>) -> bool;
+    fn read_peers(&mut self, _arrivals: &mut Arrivals<'_>) -> bool {
+        false
+    }
     /// Reads the datagrams waiting on the shared path (those no peer path
     /// took: before a connection is complete, a peer without a path).
-    fn read_shared(&mut self, arrivals: &mut Arrivals<'_>) -> bool;
+    fn read_shared(&mut self, _arrivals: &mut Arrivals<'_>) -> bool {
+        false
+    }
+}
+
+/// The frames of one datapath beside the datagrams of another: the
+/// provider's packet ring beside its UDP sockets.
+pub struct Beside<F, D> {
+    /// Where frames come from.
+    pub frames: F,
+    /// Where datagrams come from.
+    pub datagrams: D,
+}
+
+impl<F: Datapath, D: Datapath> Datapath for Beside<F, D> {
+    fn takes_frames(&self) -> bool {
+        self.frames.takes_frames()
+    }
+    fn has_peer_paths(&self) -> bool {
+        self.datagrams.has_peer_paths()
+    }
+    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.frames.read_frames(arrivals)
+    }
+    fn read_peers(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.datagrams.read_peers(arrivals)
+    }
+    fn read_shared(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.datagrams.read_shared(arrivals)
+    }
+}
+
+/// A datapath that may be missing (a port without an Ethernet side).
+impl<T: Datapath> Datapath for Option<T> {
+    fn takes_frames(&self) -> bool {
+        self.as_ref().is_some_and(T::takes_frames)
+    }
+    fn has_peer_paths(&self) -> bool {
+        self.as_ref().is_some_and(T::has_peer_paths)
+    }
+    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.as_mut().is_some_and(|d| d.read_frames(arrivals))
+    }
+    fn read_peers(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.as_mut().is_some_and(|d| d.read_peers(arrivals))
+    }
+    fn read_shared(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.as_mut().is_some_and(|d| d.read_shared(arrivals))
+    }
 }
 
 /// What an endpoint counted since it was last asked ([`Endpoint::take_tally`]).

@@ -158,3 +158,38 @@ fn without_peer_paths_every_poll_reads_the_shared_path() {
     ep.poll(&mut dp, &mut vis, false);
     assert_eq!(dp.reads.last(), Some(&"shared"));
 }
+
+/// Frames only: the frames of a `Queues` and nothing else.
+struct FramesOf(Queues);
+
+impl Datapath for FramesOf {
+    fn takes_frames(&self) -> bool {
+        true
+    }
+    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.0.read_frames(arrivals)
+    }
+}
+
+#[test]
+fn a_datapath_of_frames_beside_one_of_datagrams_reads_each_where_it_is() {
+    let mut ring = Queues::default();
+    ring.frames.push_back(packet(2, 5, b"f"));
+    // Datagrams waiting in the ring's queues are not the ring's to read.
+    ring.peers.push_back(packet(2, 99, b"x"));
+    let mut sockets = Queues { peer_paths: true, ..Queues::default() };
+    sockets.peers.push_back(packet(1, 1, b"a"));
+    sockets.frames.push_back(packet(1, 99, b"y"));
+    let mut vis = Recorder { vis: vec![1, 2], ..Recorder::default() };
+    let mut ep = Endpoint::new(1000);
+    let mut both = Beside { frames: Some(FramesOf(ring)), datagrams: sockets };
+    assert!(both.takes_frames() && both.has_peer_paths());
+    ep.poll(&mut both, &mut vis, false);
+    assert_eq!(vis.runs, vec![(2, vec![5], true, false), (1, vec![1], false, false)]);
+    assert_eq!(both.datagrams.reads, vec!["peers"], "its frames are not read");
+    // Without an Ethernet side: no frames, and the peer paths read at every poll.
+    let mut bare = Beside { frames: None::<FramesOf>, datagrams: Queues { peer_paths: true, ..Queues::default() } };
+    assert!(!bare.takes_frames());
+    ep.poll(&mut bare, &mut vis, false);
+    assert_eq!(bare.datagrams.reads, vec!["peers"]);
+}

@@ -9,7 +9,8 @@
 //! What the port's sessions share without I/O (routing by VI, owed
 //! acknowledgements, which socket a poll reads, frame or datagram) is the
 //! I/O-free [`via_reliable::endpoint`]; the port's sockets and packet ring
-//! are its datapath (`Sockets`), the port's VIs its routes (`PortRoutes`).
+//! are its datapath (`UdpSockets` with a `PacketRing` beside them), the
+//! port's VIs its routes (`PortRoutes`).
 //! Whoever calls first drains the sockets: the application in its
 //! `Done`/`Wait` calls, or the helper thread when the application is not
 //! calling.
@@ -44,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
-use via_reliable::endpoint::{Arrivals, Datapath, Endpoint, FrameChoice, Routes, Tally};
+use via_reliable::endpoint::{Arrivals, Beside, Datapath, Endpoint, FrameChoice, Routes, Tally};
 use via_reliable::{BreakReason, Config, Event, Segment, Session};
 use via_wire::frame::{Frame, MAC_LEN};
 use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
@@ -333,7 +334,8 @@ impl NetPort {
             vis: RwLock::new(HashMap::default()),
             engine: Mutex::new(Engine {
                 endpoint: Endpoint::new(segment),
-                input: Input { batch: Batch::new(tuning().recv_batch, buffer, gro), landing: None, frame_slot: 0 },
+                input: Input { batch: Batch::new(tuning().recv_batch, buffer, gro), landing: None },
+                frame_slot: 0,
                 peers: Vec::new(),
                 idle_polls: 0,
             }),
@@ -515,8 +517,10 @@ impl NetPort {
             drop(w);
             engine.peers.retain(|s| Arc::strong_count(s) > 1);
         }
-        let mut sockets = Sockets { port: self, input: &mut engine.input, peers: &engine.peers };
-        let busy = engine.endpoint.poll(&mut sockets, &mut PortRoutes(self), everything);
+        let ring = self.ether.as_ref().map(|ether| PacketRing { port: self, ether, slot: &mut engine.frame_slot });
+        let sockets = UdpSockets { port: self, input: &mut engine.input, peers: &engine.peers };
+        let mut datapath = Beside { frames: ring, datagrams: sockets };
+        let busy = engine.endpoint.poll(&mut datapath, &mut PortRoutes(self), everything);
         self.count(engine.endpoint.take_tally());
         if !busy && !everything {
             engine.idle_polls = engine.idle_polls.wrapping_add(1);
@@ -773,38 +777,32 @@ struct Engine {
     endpoint: Endpoint,
     /// The receive buffers and where the next packet probably lands.
     input: Input,
+    /// The next slot of the Ethernet side's ring.
+    frame_slot: usize,
     /// The port's sockets connected to one peer each.
     peers: Vec<Arc<PeerSocket>>,
     /// The application's polls that found nothing, for `TIMER_CHECK_POLLS`.
     idle_polls: u32,
 }
 
-/// The receive side of the port's sockets and packet ring.
+/// The receive side of the port's sockets.
 struct Input {
-    /// The next slot of the Ethernet side's ring.
-    frame_slot: usize,
     batch: Batch,
     /// Where the next datagram probably continues a VI's message.
     landing: Option<Landing>,
 }
 
-/// The port's sockets and packet ring as its endpoint's datapath, for one poll.
-struct Sockets<'a> {
+/// The port's UDP sockets as a datapath, for one poll: the sockets
+/// connected to a peer each, and the unconnected one.
+struct UdpSockets<'a> {
     port: &'a NetPort,
     input: &'a mut Input,
     peers: &'a [Arc<PeerSocket>],
 }
 
-impl Datapath for Sockets<'_> {
-    fn takes_frames(&self) -> bool {
-        self.port.ether.is_some()
-    }
+impl Datapath for UdpSockets<'_> {
     fn has_peer_paths(&self) -> bool {
         !self.peers.is_empty()
-    }
-    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
-        let Some(ether) = &self.port.ether else { return false };
-        self.port.take_frames(ether, &mut self.input.frame_slot, arrivals)
     }
     fn read_peers(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
         let mut any = false;
@@ -815,6 +813,23 @@ impl Datapath for Sockets<'_> {
     }
     fn read_shared(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
         self.port.drain(self.input, self.port.socket.as_raw_fd(), arrivals)
+    }
+}
+
+/// The port's Ethernet side as a datapath, for one poll: the frames in
+/// its receive ring, from the slot `slot` on.
+struct PacketRing<'a> {
+    port: &'a NetPort,
+    ether: &'a EtherSocket,
+    slot: &'a mut usize,
+}
+
+impl Datapath for PacketRing<'_> {
+    fn takes_frames(&self) -> bool {
+        true
+    }
+    fn read_frames(&mut self, arrivals: &mut Arrivals<'_>) -> bool {
+        self.port.take_frames(self.ether, self.slot, arrivals)
     }
 }
 
