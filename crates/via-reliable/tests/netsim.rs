@@ -40,6 +40,9 @@ struct Totals {
     unknown_vi: u64,
     retransmits: u64,
     owed_acks: u64,
+    successors: (usize, usize),
+    stale: (u64, u64),
+    stale_survived: usize,
     messages: (usize, usize),
     virtual_time: std::time::Duration,
 }
@@ -62,6 +65,11 @@ impl Totals {
         self.unknown_vi += o.tally.unknown_vi;
         self.retransmits += o.retransmits;
         self.owed_acks += o.owed_acks;
+        self.successors.0 += o.successors.0;
+        self.successors.1 += o.successors.1;
+        self.stale.0 += o.stale.0;
+        self.stale.1 += o.stale.1;
+        self.stale_survived += o.stale_survived;
         self.messages.0 += o.messages.0;
         self.messages.1 += o.messages.1;
         self.virtual_time += o.elapsed;
@@ -96,6 +104,12 @@ fn ports_deliver_everything_across_faults_frames_and_a_dying_host() {
         assert!(t.retransmits > 0, "nothing retransmitted: {t:?}");
         assert!(t.owed_acks > 0, "no acknowledgement waited for an idle poll: {t:?}");
         assert!(t.completed * 10 >= t.connections * 7, "most connections should complete: {t:?}");
+        // VIs that connect again: packets of their old connection reach
+        // the new sessions, which refuse every one and still complete.
+        assert!(t.successors.1 > 0, "no VI connected again: {t:?}");
+        assert!(t.stale.0 > 0, "no stale packet reached a new connection: {t:?}");
+        assert_eq!(t.stale.1, t.stale.0, "a stale packet was not refused: {t:?}");
+        assert!(t.stale_survived > 0, "no new connection completed after stale packets: {t:?}");
     }
 }
 

@@ -13,6 +13,32 @@ use crate::{Config, MsgKind, Peer};
 /// A scripted send: when, what kind, immediate data, bytes.
 pub type Planned = (Duration, MsgKind, Option<u32>, Vec<u8>);
 
+/// How a connection's predecessor ends, so that its VIs can connect again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// Once it completed, end `by` disconnects; the other end breaks on
+    /// the DISCONNECT (or, if that is lost, when it hears nothing more).
+    Completed {
+        /// The end that disconnects.
+        by: usize,
+    },
+    /// Both ends disconnect as soon as every message is placed, some of
+    /// them still unacknowledged: the most packets still on their way.
+    LastPlaced,
+}
+
+/// A connection that reuses an earlier one's VIs, as a provider's VI may
+/// connect again after its connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct After {
+    /// The earlier connection, by index.
+    pub conn: usize,
+    /// How it ends.
+    pub handover: Handover,
+    /// How long after both its ends are closed this one starts.
+    pub delay: Duration,
+}
+
 /// One connection of a case.
 #[derive(Debug, Clone)]
 pub struct ConnSpec {
@@ -22,8 +48,11 @@ pub struct ConnSpec {
     pub reliable: bool,
     /// The hosts share a link: packets may go as frames.
     pub frames: bool,
-    /// What each end sends, in time order.
+    /// What each end sends, in time order (for a successor, from its
+    /// start).
     pub plan: [Vec<Planned>; 2],
+    /// The connection whose VIs it reuses: it starts once that one ended.
+    pub after: Option<After>,
 }
 
 /// A whole case, drawn from a seed.
@@ -79,7 +108,7 @@ impl Case {
         let faults = random_faults(&mut r, hosts);
         let conns = random_conns(&mut r, hosts, max_payload);
         let death = r.chance(0.2).then(|| (r.below(hosts as u64) as usize, Duration::from_micros(r.range(0, 400_000))));
-        Case {
+        let mut case = Case {
             seed,
             hosts,
             net,
@@ -92,7 +121,14 @@ impl Case {
             peer_paths: (0..hosts).map(|_| (0..hosts).map(|_| r.chance(0.7)).collect()).collect(),
             batch: (0..hosts).map(|_| pick(&mut r, &[1, 4, 32])).collect(),
             max_frame: pick(&mut r, &[600, 1500]),
+        };
+        // Drawn last, so that the rest of the case is the same with or
+        // without it.
+        if r.chance(0.2) {
+            let successor = random_successor(&mut r, &case.conns, &case.net, max_payload);
+            case.conns.push(successor);
         }
+        case
     }
 
     /// The partition, if it separates the ends of `conn` long enough to
@@ -108,8 +144,12 @@ impl fmt::Display for Case {
             .conns
             .iter()
             .map(|c| {
+                let after = match c.after {
+                    None => String::new(),
+                    Some(a) => format!(" after conn {} ({:?}, +{:?})", a.conn, a.handover, a.delay),
+                };
                 format!(
-                    "{}:{}<->{}:{}{}{} msgs {}/{}",
+                    "{}:{}<->{}:{}{}{} msgs {}/{}{after}",
                     c.ends[0].0,
                     c.ends[0].1.vi,
                     c.ends[1].0,
@@ -193,9 +233,30 @@ fn random_conns(r: &mut SimRng, hosts: usize, max_payload: usize) -> Vec<ConnSpe
         let frames = reliable && r.chance(0.7);
         let spread = Duration::from_millis(r.range(0, 150));
         let plan = [random_plan(r, max_payload, spread), random_plan(r, max_payload, spread)];
-        conns.push(ConnSpec { ends, reliable, frames, plan });
+        conns.push(ConnSpec { ends, reliable, frames, plan, after: None });
     }
     conns
+}
+
+/// A connection between the VIs of one of `conns`, with new keys, that
+/// starts once that one ended: soon after, so that packets of the old one
+/// (held back, duplicated, or its DISCONNECTs) still reach the new
+/// sessions, whose key check must refuse them.
+fn random_successor(r: &mut SimRng, conns: &[ConnSpec], net: &NetConfig, max_payload: usize) -> ConnSpec {
+    let conn = r.below(conns.len() as u64) as usize;
+    let old = &conns[conn];
+    let ends = old.ends.map(|(host, peer)| (host, Peer { vi: peer.vi, key: r.next_u64() }));
+    // An unreliable connection may lose its last message: it has no
+    // moment at which every message is placed.
+    let handover = if old.reliable && r.chance(0.6) {
+        Handover::LastPlaced
+    } else {
+        Handover::Completed { by: r.below(2) as usize }
+    };
+    let delay = if r.chance(0.4) { Duration::ZERO } else { r.duration(Duration::ZERO, net.delay_max) };
+    let spread = Duration::from_millis(r.range(0, 150));
+    let plan = [random_plan(r, max_payload, spread), random_plan(r, max_payload, spread)];
+    ConnSpec { ends, reliable: old.reliable, frames: old.frames, plan, after: Some(After { conn, handover, delay }) }
 }
 
 fn random_peer(r: &mut SimRng, used: &mut Vec<u32>) -> Peer {

@@ -19,6 +19,16 @@ pub(super) struct SentMsg {
     pub(super) data: Vec<u8>,
 }
 
+/// How the simulator ended a connection whose VIs connect again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// End `by` disconnected: the other may yet break on the DISCONNECT,
+    /// or when it hears nothing more.
+    By(usize),
+    /// Both ends disconnected: nothing more comes of it.
+    Both,
+}
+
 /// What the checker knows of one connection: what each end sent and what
 /// the other placed.
 #[derive(Debug)]
@@ -39,7 +49,15 @@ pub(super) struct ConnCheck {
     broken: [Option<BreakReason>; 2],
     /// Message packets of this connection in the network or unread.
     pub(super) in_transit: u64,
-    completed: bool,
+    /// Everything delivered (and, unless ended at its last placement,
+    /// acknowledged).
+    pub(super) completed: bool,
+    /// Its sessions exist (a successor's, only once its predecessor ended).
+    pub(super) started: bool,
+    /// When a successor starts (time since the run's start), once known.
+    pub(super) start_at: Option<Duration>,
+    /// The simulator ended it, for a successor to reuse its VIs.
+    pub(super) ended: Option<Ending>,
 }
 
 impl ConnCheck {
@@ -56,12 +74,41 @@ impl ConnCheck {
             broken: [None; 2],
             in_transit: 0,
             completed: false,
+            started: spec.after.is_none(),
+            start_at: None,
+            ended: None,
+        }
+    }
+
+    /// Whether either end broke.
+    pub(super) fn any_broken(&self) -> bool {
+        self.broken.iter().any(Option::is_some)
+    }
+
+    /// Every message planned was sent and placed whole by the peer
+    /// (reliable), acknowledged or not.
+    pub(super) fn all_placed(&self) -> bool {
+        (0..2).all(|s| self.plan[s].is_empty() && self.delivered[1 - s] == self.log[s].len())
+    }
+
+    /// Something of end `side` happened after the simulator ended the
+    /// connection: no more data nor completions, and only the break that
+    /// the peer's DISCONNECT (or silence) causes.
+    fn after_end(&self, conn: usize, side: usize, what: &str, reason: Option<BreakReason>, v: &mut Vec<String>) {
+        let Some(ending) = self.ended else { return };
+        let expected = matches!((ending, reason), (Ending::By(by), Some(BreakReason::PeerDisconnect | BreakReason::Idle)) if by != side);
+        if !expected {
+            v.push(format!("conn {conn} side {side}: {what} after the connection ended ({ending:?})"));
         }
     }
 
     /// End `side` placed `segment`, checked against what the other end sent.
     pub(super) fn placed(&mut self, conn: usize, side: usize, s: Segment, data: Vec<u8>, violations: &mut Vec<String>) {
         let who = format!("conn {conn} side {side}");
+        if self.ended.is_some() {
+            self.after_end(conn, side, &format!("placed a segment of message {}", s.msg), None, violations);
+            return;
+        }
         let Some(sent) = self.log[1 - side].get(s.msg.wrapping_sub(1) as usize).cloned() else {
             violations.push(format!("{who}: got message {} that was never sent", s.msg));
             return;
@@ -141,6 +188,7 @@ impl ConnCheck {
     /// End `side` completed its next send: never before the peer has the
     /// whole message (reliable).
     pub(super) fn sent(&mut self, conn: usize, side: usize, violations: &mut Vec<String>) {
+        self.after_end(conn, side, "completed a send", None, violations);
         let k = self.completions[side];
         self.completions[side] += 1;
         if k >= self.log[side].len() {
@@ -155,12 +203,13 @@ impl ConnCheck {
         if self.broken[side].is_some() {
             violations.push(format!("conn {conn} side {side}: broken twice"));
         }
+        self.after_end(conn, side, &format!("broke ({reason:?})"), Some(reason), violations);
         self.broken[side] = Some(reason);
     }
 
     /// Every message sent, completed and (reliable) delivered both ways;
     /// unreliable: nothing of it left on the way.
-    fn is_complete(&self) -> bool {
+    pub(super) fn is_complete(&self) -> bool {
         (0..2).all(|s| {
             self.plan[s].is_empty()
                 && self.completions[s] == self.log[s].len()
@@ -201,6 +250,14 @@ pub struct Outcome {
     /// Acknowledgements held back while packets came, sent once a poll
     /// found the datapath empty.
     pub owed_acks: u64,
+    /// Connections that reused an earlier one's VIs and started, and of
+    /// them, those that completed.
+    pub successors: (usize, usize),
+    /// Packets of an earlier connection that reached its successor's open
+    /// sessions, and of them, those the key check refused without effect.
+    pub stale: (u64, u64),
+    /// Successors that took stale packets and still completed.
+    pub stale_survived: usize,
     /// Every broken rule.
     pub violations: Vec<String>,
 }
@@ -210,7 +267,8 @@ impl fmt::Display for Outcome {
         write!(
             f,
             "seed {}: {}/{} connections completed, {} broken, died={:?}, messages {}/{}, elapsed={:?}, \
-             stalled={}, bad_key={}, retransmits={}, owed_acks={}\n  case: {}\n  net: {:?}\n  tally: {:?}\n  violations: {:#?}",
+             stalled={}, bad_key={}, retransmits={}, owed_acks={}, successors={:?}, stale={:?}\n  case: {}\n  \
+             net: {:?}\n  tally: {:?}\n  violations: {:#?}",
             self.seed,
             self.completed,
             self.connections,
@@ -223,6 +281,8 @@ impl fmt::Display for Outcome {
             self.bad_key,
             self.retransmits,
             self.owed_acks,
+            self.successors,
+            self.stale,
             self.case,
             self.net,
             self.tally,
@@ -317,7 +377,7 @@ impl NetSim {
     /// it may break, and the death (if any) has happened.
     pub(super) fn all_resolved(&mut self) -> bool {
         for c in &mut self.conns {
-            if !c.completed && c.is_complete() && c.broken.iter().all(Option::is_none) {
+            if c.started && !c.completed && c.is_complete() && !c.any_broken() {
                 c.completed = true;
             }
         }
@@ -325,6 +385,9 @@ impl NetSim {
             return false;
         }
         self.conns.iter().all(|c| match self.dead_side(c) {
+            // A successor never starts once a host of it died.
+            dead if !c.started => dead.is_some(),
+            _ if c.ended.is_some() => true,
             Some(dead) => c.broken[1 - dead].is_some(),
             None => c.completed || c.broken.iter().all(Option::is_some),
         })
@@ -340,6 +403,10 @@ impl NetSim {
         for (i, (c, spec)) in self.conns.iter().zip(&self.case.conns).enumerate() {
             let long_partition = self.case.long_partition(spec);
             let verdict = match self.dead_side(c) {
+                None if !c.started => Some("never started: the connection before it never ended".to_string()),
+                Some(_) if !c.started => None,
+                // Ended by the simulator: what came after is checked as it came.
+                _ if c.ended.is_some() => None,
                 Some(dead) => match c.broken[1 - dead] {
                     None => Some("its peer died and it did not break".to_string()),
                     Some(BreakReason::Retransmits | BreakReason::Idle) => None,
@@ -361,7 +428,11 @@ impl NetSim {
     }
 
     pub(super) fn outcome(self, stalled: bool) -> Outcome {
-        let sessions = || self.hosts.iter().flat_map(|h| h.vis.links.iter().map(|l| l.session.stats()));
+        let links = || self.hosts.iter().flat_map(|h| h.vis.all_links());
+        let sessions = || links().map(|l| l.session.stats());
+        let successors =
+            || self.conns.iter().zip(&self.case.conns).enumerate().filter(|(_, (c, s))| c.started && s.after.is_some());
+        let stale_of = |conn: usize| links().filter(|l| l.conn == conn).map(|l| l.stale.0).sum::<u64>();
         let completed = self.conns.iter().filter(|c| c.completed).count();
         let broken = self.conns.iter().filter(|c| !c.completed && c.broken.iter().any(Option::is_some)).count();
         let sent = self.conns.iter().map(|c| c.log[0].len() + c.log[1].len()).sum();
@@ -381,6 +452,9 @@ impl NetSim {
             bad_key: sessions().map(|s| s.bad_key).sum(),
             retransmits: sessions().map(|s| s.retransmits).sum(),
             owed_acks: self.hosts.iter().map(|h| h.vis.owed_acks).sum(),
+            successors: (successors().count(), successors().filter(|(_, (c, _))| c.completed).count()),
+            stale: links().fold((0, 0), |(n, r), l| (n + l.stale.0, r + l.stale.1)),
+            stale_survived: successors().filter(|&(i, (c, _))| c.completed && stale_of(i) > 0).count(),
             violations: self.violations,
         }
     }

@@ -6,10 +6,11 @@ use std::time::Instant;
 
 use via_wire::Header;
 
+use super::case::Case;
 use super::datapath::SimDatapath;
 use super::net::{Origin, SendSide};
 use crate::endpoint::{Endpoint, FrameChoice, Routes};
-use crate::{BreakReason, Event, MsgKind, OutMessage, Peer, Segment, SendError, Session, Stats};
+use crate::{BreakReason, Config, Event, MsgKind, OutMessage, Peer, Segment, SendError, Session, Stats};
 
 /// What a host's VIs tell the checker, in the order it happened.
 #[derive(Debug)]
@@ -61,9 +62,40 @@ pub(super) struct Link {
     /// Acknowledgements the session accepted from its peer: every sequence
     /// number below this arrived.
     pub(super) acked_below: u32,
+    /// The key packets to this VI carried in its previous connection, if
+    /// it had one: packets with it are stale.
+    pub(super) stale_key: Option<u64>,
+    /// Stale packets that reached the open session, and of them, those
+    /// it refused without effect.
+    pub(super) stale: (u64, u64),
 }
 
 impl Link {
+    /// End `side` of connection `conn` of `case`, connected at `now`;
+    /// `stale_key` is the key of the VI's previous connection, if any.
+    pub(super) fn new(case: &Case, conn: usize, side: usize, now: Instant, stale_key: Option<u64>) -> Link {
+        let spec = &case.conns[conn];
+        let ((_, local), (peer_host, remote)) = (spec.ends[side], spec.ends[1 - side]);
+        let config = Config { reliable: spec.reliable, ..case.session.clone() };
+        Link {
+            conn,
+            side,
+            peer_host,
+            local,
+            remote,
+            session: Session::new(config, local, remote, now),
+            frames: FrameChoice::default(),
+            frames_on: spec.frames,
+            max_frame: case.max_frame,
+            payloads: HashMap::new(),
+            next_token: 1,
+            placed_next: 1,
+            acked_below: 1,
+            stale_key,
+            stale: (0, 0),
+        }
+    }
+
     fn reliable(&self) -> bool {
         self.session.config().reliable
     }
@@ -89,6 +121,13 @@ impl Link {
         self.payloads.insert(token, data);
         self.flush_and_apply(now, false, out);
         Ok(number)
+    }
+
+    /// Ends the connection as the application's disconnect does: the
+    /// DISCONNECT leaves at once.
+    pub(super) fn disconnect(&mut self, now: Instant, out: &mut HostOut) {
+        self.session.disconnect();
+        self.flush_and_apply(now, false, out);
     }
 
     /// Runs the session's timers if due, and sends what they call for.
@@ -146,9 +185,11 @@ impl Link {
     }
 
     /// Hands one packet to the session; a packet not meant for this
-    /// connection must be refused by the key check and give nothing.
+    /// connection (misdirected, or left from the VI's previous connection)
+    /// must be refused by the key check and give nothing.
     fn take_packet(&mut self, now: Instant, h: &Header, payload: &[u8], pending: &mut Vec<Event>, out: &mut HostOut) {
         let meant = h.key == self.local.key && h.src_vi == self.remote.vi && h.dst_vi == self.local.vi;
+        let stale = self.stale_key == Some(h.key);
         let before = self.session.stats();
         let was_closed = self.session.is_closed();
         let queued = pending.len();
@@ -157,7 +198,11 @@ impl Link {
         }
         self.take_events(pending, out);
         if !meant {
-            self.check_refused(h, before, was_closed, &pending[queued..], out);
+            let refused = self.check_refused(h, stale, before, was_closed, &pending[queued..], out);
+            if stale && !was_closed {
+                self.stale.0 += 1;
+                self.stale.1 += refused as u64;
+            }
             return;
         }
         if self.reliable() && self.session.stats().packets_received > before.packets_received {
@@ -165,17 +210,36 @@ impl Link {
         }
     }
 
-    /// A misdirected packet `h` gave `events`: there must be no data among
-    /// them, and the key check must have counted it.
-    fn check_refused(&self, h: &Header, before: Stats, was_closed: bool, events: &[Event], out: &mut HostOut) {
+    /// A packet `h` not meant for this connection (`stale`: of the VI's
+    /// previous connection) gave `events`: it must give none (no data, no
+    /// completion, no break), and the key check must have counted it, and
+    /// nothing else.  Returns whether all of that held.
+    fn check_refused(
+        &self,
+        h: &Header,
+        stale: bool,
+        before: Stats,
+        was_closed: bool,
+        events: &[Event],
+        out: &mut HostOut,
+    ) -> bool {
         let who = format!("conn {} side {} (VI {})", self.conn, self.side, self.local.vi);
-        if events.iter().any(|e| matches!(e, Event::Segment { .. })) {
-            out.violation(format!("{who}: a misdirected {} packet seq {} yielded data", h.kind, h.seq));
+        let what = if stale { "stale" } else { "misdirected" };
+        let mut ok = true;
+        if let Some(e) = events.first() {
+            let e = match e {
+                Event::Segment { .. } => "data".to_string(),
+                e => format!("{e:?}"),
+            };
+            out.violation(format!("{who}: a {what} {} packet seq {} yielded {e}", h.kind, h.seq));
+            ok = false;
         }
-        let refused = self.session.stats().bad_key - before.bad_key;
-        if !was_closed && refused != 1 {
-            out.violation(format!("{who}: a misdirected {} packet passed the key check", h.kind));
+        let after = self.session.stats();
+        if !was_closed && (after.bad_key - before.bad_key != 1 || after.packets_received != before.packets_received) {
+            out.violation(format!("{who}: a {what} {} packet seq {} passed the key check", h.kind, h.seq));
+            ok = false;
         }
+        ok
     }
 
     /// Moves the session's events to `pending`, forgetting the bytes of
@@ -209,7 +273,7 @@ impl Link {
         }
     }
 
-    fn flush_and_apply(&mut self, now: Instant, busy: bool, out: &mut HostOut) {
+    pub(super) fn flush_and_apply(&mut self, now: Instant, busy: bool, out: &mut HostOut) {
         let mut events = Vec::new();
         self.flush(now, busy, &mut events, out);
         self.apply(events, out);
@@ -284,7 +348,11 @@ impl Link {
 #[derive(Debug)]
 pub struct HostVis {
     pub(super) now: Instant,
+    /// The route table: each VI's current connection.
     pub(super) links: Vec<Link>,
+    /// Connections whose VIs connected again since: no longer routed to,
+    /// kept for their counters.
+    pub(super) retired: Vec<Link>,
     pub(super) out: HostOut,
     /// Acknowledgements sent because the endpoint said they were owed.
     pub(super) owed_acks: u64,
@@ -298,6 +366,27 @@ impl HostVis {
     /// Whether the host has VI `vi`.
     pub fn has(&self, vi: u32) -> bool {
         self.index(vi).is_some()
+    }
+
+    /// Routes `link`'s VI to it, as the provider's `NetPort::register`
+    /// replaces the VI's entry: its previous connection gets no more
+    /// packets.
+    pub(super) fn connect(&mut self, link: Link) {
+        if let Some(i) = self.index(link.local.vi) {
+            let old = self.links.remove(i);
+            self.retired.push(old);
+        }
+        self.links.push(link);
+    }
+
+    /// The end `side` of `conn`, if routed to.
+    pub(super) fn link(&mut self, conn: usize, side: usize) -> Option<&mut Link> {
+        self.links.iter_mut().find(|l| l.conn == conn && l.side == side)
+    }
+
+    /// Every connection the host had, current or retired.
+    pub(super) fn all_links(&self) -> impl Iterator<Item = &Link> {
+        self.links.iter().chain(&self.retired)
     }
 }
 

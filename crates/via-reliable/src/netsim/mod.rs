@@ -20,17 +20,22 @@
 //!   [`Datapath`](crate::endpoint::Datapath): arrived frames, a queue per
 //!   peer that has a path of its own, and a shared queue for the others;
 //! - `host.rs`: [`HostVis`] is a host's [`Routes`](crate::endpoint::Routes):
-//!   its VIs, each a [`Session`], a [`FrameChoice`] and the bytes of the
+//!   its VIs, each a [`Session`](crate::Session), a
+//!   [`FrameChoice`](crate::endpoint::FrameChoice) and the bytes of the
 //!   messages it sends, handling packets as the provider's VI does
 //!   (`hold_acks`, place, flush busy, release, report an owed
-//!   acknowledgement).
+//!   acknowledgement), each VI id routed to its current connection.
 //!
 //! [`run`] draws a whole [`Case`] from a seed (`case.rs`): 2 to 4 hosts, up
 //! to 6 reliable or unreliable connections between random (host, VI) pairs
-//! with random VI ids and keys, messages both ways, faults, and maybe the
-//! death of one host.  [`NetSim`] (`mod.rs`) runs it: every host polls its
-//! endpoint (reading everything, for an absent application, at random) and
-//! runs its timers.  The run checks, as it goes (the VIs report what they
+//! with random VI ids and keys, messages both ways, faults, maybe the
+//! death of one host, and maybe a VI pair that connects again: a
+//! successor connection with the same hosts and VI ids and new keys,
+//! started (soon) after the earlier one ended, by a disconnect of both
+//! ends right after its last message was placed, of one end once it
+//! completed, or by breaking.  [`NetSim`] (`mod.rs`) runs it: every host
+//! polls its endpoint (reading everything, for an absent application, at
+//! random) and runs its timers.  The run checks, as it goes (the VIs report what they
 //! see inside a host, `check.rs` judges it and gives the [`Outcome`]):
 //!
 //! - reliable connections deliver every message exactly once, in order,
@@ -40,6 +45,12 @@
 //!   `Event::Sent` comes only once the peer placed the whole message;
 //! - a misdirected packet is refused by its target's key check
 //!   (`Stats::bad_key`) and never yields data there;
+//! - when a VI connects again, every packet of its old connection that
+//!   reaches the new session (held back, duplicated, its DISCONNECT:
+//!   [`Outcome::stale`]) is refused by the key check and yields no data,
+//!   completion nor break; the new connection delivers its own messages
+//!   as above, and the old one places, completes and breaks nothing after
+//!   the simulator ended it;
 //! - a sequenced packet leaves as a frame only as the one packet its
 //!   session has in flight, with no earlier unacknowledged datagram of that
 //!   session still in the network or unread at the peer;
@@ -60,21 +71,20 @@ mod faults;
 mod host;
 mod net;
 
-pub use case::{Case, ConnSpec, Planned};
+pub use case::{After, Case, ConnSpec, Handover, Planned};
 pub use check::Outcome;
 pub use datapath::SimDatapath;
 pub use faults::{FaultInjector, Faults, Partition};
 pub use host::HostVis;
 pub use net::{Carried, NetConfig, NetStats, Origin, Outgoing, Path, SendSide, SimNet};
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::endpoint::{Endpoint, FrameChoice, Tally};
+use crate::endpoint::{Endpoint, Tally};
 use crate::sim::SimRng;
-use crate::{Config, SendError, Session};
+use crate::SendError;
 
-use check::{ConnCheck, SentMsg};
+use check::{ConnCheck, Ending, SentMsg};
 use host::{Host, HostOut, Link, Note};
 
 /// Most hosts a case joins.
@@ -108,33 +118,30 @@ impl NetSim {
             .map(|h| Host {
                 endpoint: Endpoint::new(case.session.max_payload),
                 datapath: SimDatapath::new(case.peer_paths[h].clone(), case.batch[h]),
-                vis: HostVis { now: net.now, links: Vec::new(), out: HostOut::default(), owed_acks: 0 },
+                vis: HostVis {
+                    now: net.now,
+                    links: Vec::new(),
+                    retired: Vec::new(),
+                    out: HostOut::default(),
+                    owed_acks: 0,
+                },
                 alive: true,
                 wake: None,
             })
             .collect();
+        // Every VI id a host will have; a successor's are its predecessor's.
+        let mut vis: Vec<Vec<u32>> = vec![Vec::new(); case.hosts];
         for (conn, spec) in case.conns.iter().enumerate() {
             for side in 0..2 {
-                let ((host, local), (peer_host, remote)) = (spec.ends[side], spec.ends[1 - side]);
-                let config = Config { reliable: spec.reliable, ..case.session.clone() };
-                hosts[host].vis.links.push(Link {
-                    conn,
-                    side,
-                    peer_host,
-                    local,
-                    remote,
-                    session: Session::new(config, local, remote, net.now),
-                    frames: FrameChoice::default(),
-                    frames_on: spec.frames,
-                    max_frame: case.max_frame,
-                    payloads: HashMap::new(),
-                    next_token: 1,
-                    placed_next: 1,
-                    acked_below: 1,
-                });
+                let (host, local) = spec.ends[side];
+                if !vis[host].contains(&local.vi) {
+                    vis[host].push(local.vi);
+                }
+                if spec.after.is_none() {
+                    hosts[host].vis.connect(Link::new(&case, conn, side, net.now, None));
+                }
             }
         }
-        let vis = hosts.iter().map(|h| h.vis.links.iter().map(|l| l.local.vi).collect()).collect();
         NetSim {
             rng: SimRng::new(case.seed),
             injector: FaultInjector::new(case.faults.clone(), vis, &case.net),
@@ -190,12 +197,93 @@ impl NetSim {
                 self.kill(host);
             }
         }
+        self.start_successors();
         self.send_planned();
         self.run_timers();
         for h in 0..self.hosts.len() {
             if self.hosts[h].alive && self.hosts[h].wake.is_some_and(|t| t <= self.net.now) {
                 self.hosts[h].wake = None;
                 self.poll_host(h);
+            }
+        }
+        self.succession();
+    }
+
+    /// For each connection that reuses an earlier one's VIs: ends the
+    /// earlier one when its case says (disconnecting), and once both its
+    /// ends are closed, sets when the successor starts.
+    fn succession(&mut self) {
+        for s in 0..self.conns.len() {
+            let Some(after) = self.case.conns[s].after else { continue };
+            if self.conns[s].started || self.conns[s].start_at.is_some() {
+                continue;
+            }
+            self.end_predecessor(after.conn, after.handover);
+            let closed = (0..2).all(|side| {
+                let host = self.conns[after.conn].hosts[side];
+                self.hosts[host].vis.link(after.conn, side).is_some_and(|l| l.session.is_closed())
+            });
+            if closed && self.conns[s].start_at.is_none() {
+                self.conns[s].start_at = Some(self.net.elapsed() + after.delay);
+            }
+        }
+    }
+
+    /// Ends connection `p` by disconnecting, if its `handover` is due: it
+    /// completed, or (`LastPlaced`) every message of it is placed.  Not
+    /// one that broke, nor with a dead host: those end on their own, or
+    /// never.
+    fn end_predecessor(&mut self, p: usize, handover: Handover) {
+        let c = &self.conns[p];
+        if c.ended.is_some() || c.any_broken() || c.hosts.iter().any(|&h| !self.hosts[h].alive) {
+            return;
+        }
+        let ending = match handover {
+            Handover::LastPlaced if c.all_placed() => Ending::Both,
+            Handover::Completed { by } if c.is_complete() => Ending::By(by),
+            _ => return,
+        };
+        let c = &mut self.conns[p];
+        c.ended = Some(ending);
+        c.completed = true;
+        let sides: &[usize] = match ending {
+            Ending::Both => &[0, 1],
+            Ending::By(by) => &[by][..],
+        };
+        let now = self.net.now;
+        for &side in sides {
+            let host = self.conns[p].hosts[side];
+            let vis = &mut self.hosts[host].vis;
+            vis.now = now;
+            let link = vis.links.iter_mut().find(|l| l.conn == p && l.side == side).expect("the end is on its host");
+            link.disconnect(now, &mut vis.out);
+        }
+        for &side in sides {
+            self.settle(self.conns[p].hosts[side]);
+        }
+    }
+
+    /// The successors due to start, on live hosts: new sessions, with new
+    /// keys, that their VIs now route to.
+    fn start_successors(&mut self) {
+        let elapsed = self.net.elapsed();
+        for s in 0..self.conns.len() {
+            let c = &self.conns[s];
+            let due = !c.started && c.start_at.is_some_and(|t| t <= elapsed);
+            if !due || c.hosts.iter().any(|&h| !self.hosts[h].alive) {
+                continue;
+            }
+            let after = self.case.conns[s].after.expect("a successor");
+            for side in 0..2 {
+                let (host, old) = self.case.conns[after.conn].ends[side];
+                let link = Link::new(&self.case, s, side, self.net.now, Some(old.key));
+                self.hosts[host].vis.connect(link);
+            }
+            let c = &mut self.conns[s];
+            c.started = true;
+            // Its plan's times count from its start.
+            for p in c.plan.iter_mut().flatten() {
+                p.0 += elapsed;
             }
         }
     }
@@ -243,6 +331,9 @@ impl NetSim {
     fn send_planned(&mut self) {
         let elapsed = self.net.elapsed();
         for conn in 0..self.conns.len() {
+            if !self.conns[conn].started {
+                continue;
+            }
             for side in 0..2 {
                 let host = self.conns[conn].hosts[side];
                 if !self.hosts[host].alive {
@@ -262,8 +353,10 @@ impl NetSim {
         let now = self.net.now;
         let vis = &mut self.hosts[host].vis;
         vis.now = now;
-        let i = vis.links.iter().position(|l| l.conn == conn && l.side == side).expect("the end is on its host");
-        let result = vis.links[i].send_message(now, kind, imm, data, &mut vis.out);
+        // A connection that broke may have sends left when its VI connects
+        // again: they go to its retired, closed session.
+        let link = vis.links.iter_mut().chain(&mut vis.retired).find(|l| l.conn == conn && l.side == side);
+        let result = link.expect("the end is on its host").send_message(now, kind, imm, data, &mut vis.out);
         match result {
             Ok(n) => {
                 let check = &mut self.conns[conn];
@@ -339,6 +432,8 @@ impl NetSim {
         for note in notes {
             self.note(note);
         }
+        // A predecessor ends right after its last message is placed.
+        self.succession();
     }
 
     fn note(&mut self, note: Note) {
@@ -361,6 +456,12 @@ impl NetSim {
         }
         let start = self.net.now - self.net.elapsed();
         for c in &self.conns {
+            if !c.started {
+                if c.hosts.iter().all(|&h| self.hosts[h].alive) {
+                    times.extend(c.start_at.map(|t| start + t));
+                }
+                continue;
+            }
             for side in 0..2 {
                 if self.hosts[c.hosts[side]].alive {
                     times.extend(c.plan[side].front().map(|p| start + p.0));
