@@ -9,7 +9,7 @@
 #                             (the SONAME, the exported symbols, tools, manual pages)
 #   make test-c               stage an install, build tests/c against it, run them
 #   make test-cxx             the C++ programs of tests/cxx, against the same stage
-#   make test-c-asan          the same programs with AddressSanitizer and UBSan
+#   make test-c-asan          the same programs (but fork) with AddressSanitizer and UBSan
 #   make test-c-tuning        the same programs under each design alternative
 #                             of the provider (docs/tuning.md)
 #   make test-c-valgrind      api_errors, memory and sendrecv under valgrind
@@ -72,6 +72,11 @@ BUILD := $(CURDIR)/build
 # The conformance programs, in the order they run.
 TESTS := header giganet gnu89 api_errors memory sendrecv aliases rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser fork
 VALGRIND_TESTS := api_errors memory sendrecv badinput
+# Not fork under ASan: a child forked while another thread holds the
+# sanitizer allocator's lock (the parent's helper thread, allocating)
+# inherits it held, and its first allocation on a new thread waits for ever
+# (GCC's libsanitizer; glibc's malloc has fork handlers for this).
+ASAN_TESTS := $(filter-out fork,$(TESTS))
 EXAMPLES := pingpong
 
 # tests/c/header.c checks that vipl.h's version macros say VERSION.
@@ -233,7 +238,7 @@ test-c-build: stage
 
 test-c-asan-build: stage
 	@mkdir -p $(BUILD)/tests/c-asan
-	@set -e; for t in $(TESTS); do \
+	@set -e; for t in $(ASAN_TESTS); do \
 		$(STD_OF); \
 		echo "CC (asan) $$t$${std:+ $$std}"; \
 		$(CC) $(ASAN_CFLAGS) $$std $(VIPL_CFLAGS) -o $(BUILD)/tests/c-asan/$$t tests/c/$$t.c $(VIPL_LIBS); \
@@ -259,7 +264,7 @@ test-cxx: test-cxx-build
 test-c-asan: test-c-asan-build
 	STAGE=$(STAGE) ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} \
 	UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} \
-		sh tests/c/run.sh $(BUILD)/tests/c-asan $(TESTS)
+		sh tests/c/run.sh $(BUILD)/tests/c-asan $(ASAN_TESTS)
 
 # The whole suite again under each design alternative of the provider
 # (docs/tuning.md): every alternative keeps the VIA semantics.
