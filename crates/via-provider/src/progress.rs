@@ -68,8 +68,8 @@ fn engine() -> &'static Engine {
 
 /// Where the pointer to the engine lives: a page the kernel zeroes in a
 /// child made by `fork` (`MADV_WIPEONFORK`, Linux 4.14), however the fork
-/// was made (a sanitizer's runtime forks past libc's handlers).  Where the
-/// kernel refuses, a `pthread_atfork` handler clears it instead.
+/// was made (a fork by the system call itself skips libc's handlers).
+/// Where the kernel refuses, a `pthread_atfork` handler clears it instead.
 fn engine_slot() -> &'static AtomicPtr<Engine> {
     static SLOT: std::sync::OnceLock<&'static AtomicPtr<Engine>> = std::sync::OnceLock::new();
     SLOT.get_or_init(|| {
