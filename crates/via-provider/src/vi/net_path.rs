@@ -708,8 +708,6 @@ fn local_allows(rules: &Rules, handle: u32, addr: u64, len: u64, flag: u32) -> b
     matches!(rules.registry.lookup(handle), Some(r) if r.ptag == rules.ptag && r.flags & flag != 0 && r.contains(addr, len))
 }
 
-/// What `Vi::net_input` reports of a session's acknowledgement: owed, or
-/// with `app_away` anything unacknowledged.
 #[cfg(test)]
 mod tests {
     use super::*;
