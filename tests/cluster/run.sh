@@ -45,7 +45,8 @@
 #                    up and the pingpong completes over UDP
 #   packet-loss      4 MiB messages, every byte checked, while one in 25
 #                    large datagrams to h1 is dropped (nftables): h2 sends
-#                    them again, and h1 still takes packets in place
+#                    them again, and h1 still takes packets in place; as
+#                    sends, then as RDMA writes with immediate data
 #
 # For each case a cluster comes up, the programs run on their hosts under
 # `timeout`, and the cluster goes down again (also on interruption).  Output:
@@ -422,27 +423,35 @@ case_bad_input() {
         return 77
     fi
     up 2 || return 1
-    spawn 2 "$logs/$tc.h2" 90 "$out/stream" server h1
-    victim=$!
-    spawn 1 "$logs/$tc.h1" 90 "$out/stream" client h2 --seconds 10
-    client=$!
-    irc=1
-    if wait_for "$logs/$tc.h2" streaming 30; then
-        pid=$(sed -n 's/^pid //p' "$logs/$tc.h2")
-        on 2 60 "$python" "$here/inject.py" --pid "$pid" --seconds 6 --cm \
-            --frames-from "/run/netns/$(cluster ns 1)" >"$logs/$tc.inject" 2>&1
-        irc=$?
-    else
-        echo "the transfer did not start"
-    fi
-    wait "$client"
-    crc=$?
-    wait "$victim"
-    vrc=$?
-    show "$logs/$tc.inject" "$logs/$tc.h2" "$logs/$tc.h1"
-    expect "inject.py on h2" 0 "$irc" || return 1
-    expect "stream server on h2" 0 "$vrc" || return 1
-    expect "stream client on h1" 0 "$crc" || return 1
+    # Messages as sends, then as RDMA writes (whose packets after the first
+    # the kernel writes straight into the target: garbage must not stay there).
+    for extra in "" --rdma; do
+        echo "stream ${extra:-(sends)}:"
+        base=$logs/$tc${extra:+.rdma}
+        # shellcheck disable=SC2086
+        spawn 2 "$base.h2" 90 "$out/stream" server h1 $extra
+        victim=$!
+        # shellcheck disable=SC2086
+        spawn 1 "$base.h1" 90 "$out/stream" client h2 --seconds 10 $extra
+        client=$!
+        irc=1
+        if wait_for "$base.h2" streaming 30; then
+            pid=$(sed -n 's/^pid //p' "$base.h2")
+            on 2 60 "$python" "$here/inject.py" --pid "$pid" --seconds 6 --cm \
+                --frames-from "/run/netns/$(cluster ns 1)" >"$base.inject" 2>&1
+            irc=$?
+        else
+            echo "the transfer did not start"
+        fi
+        wait "$client"
+        crc=$?
+        wait "$victim"
+        vrc=$?
+        show "$base.inject" "$base.h2" "$base.h1"
+        expect "inject.py on h2" 0 "$irc" || return 1
+        expect "stream server on h2" 0 "$vrc" || return 1
+        expect "stream client on h1" 0 "$crc" || return 1
+    done
     # The agent refused the garbage on its CM port (it came from another
     # port) and still works.
     v=$(counter 2 cm_refused_source)
@@ -461,11 +470,11 @@ offload_field() {
 # H2_ENV (default ENV), each a list of NAME=VALUE words; logs in BASE.h1,
 # BASE.h2.
 stream_pair() {
-    local base=$1 h1env=$2 h2env=${3-$2}
+    local base=$1 h1env=$2 h2env=${3-$2} extra=${4-}
     # The lists are split into their words on purpose.
     # shellcheck disable=SC2086
-    pair stream "$base" 90 env $h1env "$out/stream" server h2 --size 4194304 --batch 4 \
-        -- env $h2env "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2
+    pair stream "$base" 90 env $h1env "$out/stream" server h2 --size 4194304 --batch 4 $extra \
+        -- env $h2env "$out/stream" client h1 --size 4194304 --batch 4 --seconds 2 $extra
 }
 
 # gso MTU: a stream of 4 MiB messages (every byte checked) with segmentation
@@ -617,20 +626,26 @@ case_frame_loss() {
 # one belonged (docs/architecture.md, "Receiving in place"); the stream
 # must still deliver every byte of every message in order, h2 must have
 # sent packets again, the rule must have dropped some, and h1 must still
-# have received packets in place.
+# have received packets in place.  Twice: messages as sends into posted
+# receives, then as RDMA writes with immediate data into the peer's slots.
 case_packet_loss() {
     command -v nft >/dev/null 2>&1 || { echo "no nft (nftables) to drop packets with"; return 77; }
     up 2 || return 1
     ingress_drop 1 packet_loss ip protocol udp ip length \> 1000 numgen random mod 25 == 0 || return 1
-    stream_pair "$logs/$tc" "VIA_LOG=via_provider=info" || return 1
-    ok=0
-    dropped=$(ingress_dropped 1 packet_loss)
-    resent=$(grep 'network VI' "$logs/$tc.h2" | sed -n 's/.*retransmits: \([0-9]*\).*/\1/p' | tail -n 1)
-    placed=$(offload_field "$logs/$tc.h1" in_place)
-    echo "dropped at h1: ${dropped:-?}; sent again by h2: ${resent:-?}; received in place at h1: ${placed:-?}"
-    [ "${dropped:-0}" -gt 0 ] || { echo "the rule dropped nothing"; ok=1; }
-    [ "${resent:-0}" -ge "${dropped:-1}" ] || { echo "h2 sent fewer packets again than were dropped"; ok=1; }
-    [ "${placed:-0}" -gt 0 ] || { echo "h1 received no packet in place"; ok=1; }
+    ok=0 before=0
+    for op in send rdma; do
+        extra=""
+        [ $op = rdma ] && extra=--rdma
+        stream_pair "$logs/$tc.$op" "VIA_LOG=via_provider=info" "VIA_LOG=via_provider=info" "$extra" || return 1
+        total=$(ingress_dropped 1 packet_loss)
+        dropped=$((${total:-0} - before)) before=${total:-0}
+        resent=$(grep 'network VI' "$logs/$tc.$op.h2" | sed -n 's/.*retransmits: \([0-9]*\).*/\1/p' | tail -n 1)
+        placed=$(offload_field "$logs/$tc.$op.h1" in_place)
+        echo "$op: dropped at h1: $dropped; sent again by h2: ${resent:-?}; received in place at h1: ${placed:-?}"
+        [ "$dropped" -gt 0 ] || { echo "$op: the rule dropped nothing"; ok=1; }
+        [ "${resent:-0}" -ge "$dropped" ] || { echo "$op: h2 sent fewer packets again than were dropped"; ok=1; }
+        [ "${placed:-0}" -gt 0 ] || { echo "$op: h1 received no packet in place"; ok=1; }
+    done
     return "$ok"
 }
 

@@ -10,6 +10,8 @@
  *   --level L         rd (reliable delivery, default) or rr (reliable reception)
  *   --size BYTES      largest message (default 1 MiB)
  *   --batch B         messages per turn (default 8)
+ *   --rdma            each message an RDMA write with immediate data into the
+ *                     receive slot where it would have landed as a send
  *
  * Both sides keep B receives posted.  The two take turns: the client sends B
  * messages, the server receives and re-posts them, then sends B messages
@@ -18,6 +20,11 @@
  * numbers come in order without gaps or repeats, and checks Length and every
  * byte.  Each process prints "pid N" first and "streaming" once data flows
  * both ways.
+ *
+ * With --rdma the two first exchange the address and memory handle of their
+ * receive slots (a message each, which takes their first receive), and each
+ * message is written into the slot of the receive its immediate data then
+ * completes (VIP_STATUS_OP_REMOTE_RDMA_WRITE), checked there as a message.
  *
  * The client's last batch is marked (the top bit of the immediate data); the
  * server answers with its last batch and disconnects once those sends have
@@ -50,6 +57,9 @@ typedef struct {
     const char *peer;
     VIP_RELIABILITY_LEVEL level;
     size_t size, batch;
+    int rdma; /* messages as RDMA writes into the peer's slots */
+    VIP_UINT64 peer_slots; /* --rdma: the peer's receive slots */
+    VIP_MEM_HANDLE peer_mh;
     VIP_NIC_HANDLE nic;
     VIP_PROTECTION_HANDLE ptag;
     VIP_VI_HANDLE vi;
@@ -125,7 +135,9 @@ static int take_recv(st_t *s, int expect_fault, unsigned long ms)
     }
     if (s->rq.errors)
         VT_FAIL("receive of message %u succeeded after an earlier receive failed", s->rnext);
-    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE | VIP_STATUS_IMMEDIATE, d);
+    CHECK_STATUS(VIP_STATUS_DONE | (s->rdma ? VIP_STATUS_OP_REMOTE_RDMA_WRITE : VIP_STATUS_OP_RECEIVE) |
+                     VIP_STATUS_IMMEDIATE,
+                 d);
     uint32_t no = d->CS.ImmediateData & ~FIN;
     if (no != s->rnext)
         VT_FAIL("message %u arrived where message %u was due (out of order, lost or repeated)", no,
@@ -164,7 +176,7 @@ static int take_send(st_t *s, int expect_fault, unsigned long ms)
     }
     if (s->sq.errors)
         VT_FAIL("send of message %u succeeded after an earlier send failed", no);
-    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, d);
+    CHECK_STATUS(VIP_STATUS_DONE | (s->rdma ? VIP_STATUS_OP_RDMA_WRITE : VIP_STATUS_OP_SEND), d);
     CHECK_EQ(msg_len(s, no), d->CS.Length);
     s->last_progress = vt_now_ms();
     return 1;
@@ -176,8 +188,16 @@ static int send_turn(st_t *s, int expect_fault, int fin)
         uint32_t no = s->snext++;
         VIP_UINT32 imm = no | (fin && i + 1 == s->batch ? FIN : 0);
         size_t slot = (s->shead + s->sposted) % s->batch;
-        vt_desc_send(sdesc(s, slot), VIP_CONTROL_OP_SENDRECV | VIP_CONTROL_IMMEDIATE, imm,
-                     s->pat.base + msg_off(no), s->pat.mh, msg_len(s, no), 2);
+        if (s->rdma) {
+            /* The exchange took the peer's first receive: message n
+             * completes its receive n + 1. */
+            VIP_UINT64 at = s->peer_slots + ((no + 1) % s->batch) * s->size;
+            vt_desc_rdma(sdesc(s, slot), VIP_CONTROL_OP_RDMAWRITE | VIP_CONTROL_IMMEDIATE, imm, at,
+                         s->peer_mh, s->pat.base + msg_off(no), s->pat.mh, msg_len(s, no), 1);
+        } else {
+            vt_desc_send(sdesc(s, slot), VIP_CONTROL_OP_SENDRECV | VIP_CONTROL_IMMEDIATE, imm,
+                         s->pat.base + msg_off(no), s->pat.mh, msg_len(s, no), 2);
+        }
         CHECK_OK(VipPostSend(s->vi, sdesc(s, slot), s->pool.mem.mh));
         s->sposted++;
     }
@@ -193,6 +213,34 @@ static int recv_turn(st_t *s, int expect_fault)
         if (!take_recv(s, expect_fault, WAIT_MS))
             return 0;
     return 1;
+}
+
+/* --rdma: each side tells the other where its receive slots are, through
+ * its first receive, which is posted again at the end of the queue. */
+static void exchange_slots(st_t *s)
+{
+    vt_mem x;
+    VIP_DESCRIPTOR *d;
+    vt_mem_reg(&x, s->nic, s->ptag, 4096, VIP_FALSE, VIP_FALSE);
+    VIP_UINT64 mine[2] = {(VIP_UINT64)(uintptr_t)s->rbuf.base, (VIP_UINT64)s->rbuf.mh};
+    memcpy(x.base, mine, sizeof mine);
+    vt_desc_send(sdesc(s, 0), VIP_CONTROL_OP_SENDRECV, 0, x.base, x.mh, sizeof mine, 1);
+    CHECK_OK(VipPostSend(s->vi, sdesc(s, 0), s->pool.mem.mh));
+    d = vt_send_wait(s->vi);
+    CHECK_PTR(sdesc(s, 0), d);
+    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, d);
+    d = vt_recv_wait(s->vi);
+    CHECK_PTR(rdesc(s, 0), d);
+    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, d);
+    CHECK_EQ(sizeof mine, d->CS.Length);
+    VIP_UINT64 theirs[2];
+    memcpy(theirs, s->rbuf.base, sizeof theirs);
+    s->peer_slots = theirs[0];
+    s->peer_mh = (VIP_MEM_HANDLE)theirs[1];
+    s->rhead = 1 % s->batch;
+    s->rposted--;
+    post_recv(s, 0);
+    vt_mem_dereg(&x);
 }
 
 /* The connection broke: check how. */
@@ -233,7 +281,7 @@ static void survive(st_t *s)
 static void usage(void)
 {
     fprintf(stderr, "usage: stream server|client PEER [--seconds S] [--expect-fault] [--level rd|rr] "
-                    "[--size BYTES] [--batch B]\n");
+                    "[--size BYTES] [--batch B] [--rdma]\n");
     exit(2);
 }
 
@@ -257,6 +305,8 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--expect-fault") == 0) {
             expect_fault = 1;
+        } else if (strcmp(a, "--rdma") == 0) {
+            s.rdma = 1;
         } else if (v == NULL) {
             usage();
         } else if (strcmp(a, "--seconds") == 0) {
@@ -283,11 +333,11 @@ int main(int argc, char **argv)
 
     s.nic = cl_open_nic(&s.errs);
     CHECK_OK(VipCreatePtag(s.nic, &s.ptag));
-    vt_mem_reg(&s.rbuf, s.nic, s.ptag, s.batch * s.size, VIP_FALSE, VIP_FALSE);
+    vt_mem_reg(&s.rbuf, s.nic, s.ptag, s.batch * s.size, s.rdma ? VIP_TRUE : VIP_FALSE, VIP_FALSE);
     vt_mem_reg(&s.pat, s.nic, s.ptag, s.size + PATSPAN, VIP_FALSE, VIP_FALSE);
     vt_fill(s.pat.base, s.size + PATSPAN, seed_from(s.server));
     vt_dpool_init(&s.pool, s.nic, s.ptag, 2 * s.batch, 2);
-    VIP_VI_ATTRIBUTES va = vt_vi_attrs(s.level, s.ptag, s.size, VIP_FALSE, VIP_FALSE);
+    VIP_VI_ATTRIBUTES va = vt_vi_attrs(s.level, s.ptag, s.size, s.rdma ? VIP_TRUE : VIP_FALSE, VIP_FALSE);
     CHECK_OK(VipCreateVi(s.nic, &va, NULL, NULL, &s.vi));
     for (size_t i = 0; i < s.batch; i++)
         post_recv(&s, i);
@@ -296,6 +346,8 @@ int main(int argc, char **argv)
     else
         cl_request(s.nic, s.vi, s.peer, "stream", s.level);
     CHECK_STATE(VIP_STATE_CONNECTED, s.vi);
+    if (s.rdma)
+        exchange_slots(&s);
 
     double t0 = vt_now_ms();
     s.last_progress = t0;

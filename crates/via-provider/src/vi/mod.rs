@@ -79,6 +79,8 @@ pub(crate) struct RecvQueue {
     pub seg: Option<Arc<ConnSegment>>,
     /// Network: the message being placed into the first pending item.
     pub inbound: Option<Inbound>,
+    /// Network: the RDMA write being placed, on a reliable VI.
+    pub writing: Option<InboundWrite>,
     /// Network: a message being dropped (no receive, or an error).
     pub dropping: Option<u32>,
     /// Shared memory: the message arriving in ring pieces into the first
@@ -135,6 +137,18 @@ pub(crate) struct Inbound {
     pub total: u32,
     /// Bytes placed so far: the session delivers a message's bytes in order.
     pub placed: u32,
+}
+
+/// An RDMA write being placed over the network, whose first packet was
+/// checked and placed: where its next bytes belong.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InboundWrite {
+    /// The memory handle the initiator named.
+    pub handle: u32,
+    /// Where its next bytes land.
+    pub next: u64,
+    /// How many bytes of it are left.
+    pub left: u32,
 }
 
 pub(crate) struct SendItem {
@@ -637,6 +651,7 @@ impl Vi {
         self.drain(&mut r, Drain::Closing);
         self.flush(&mut r);
         r.inbound = None;
+        r.writing = None;
         r.dropping = None;
         // Wake a waiter asleep on the ring: there is nothing more to wait for.
         if let Some(seg) = r.seg.take() {

@@ -5,7 +5,7 @@
 use crate::counters::{Counter, StageTimer};
 use crate::transport::udp::{scatter, Gather, NetEvent, NetEvents, NetLink, NetReceiver, Registered, RegistryOwner};
 use crate::transport::Link;
-use crate::vi::{reliable, Break, Inbound, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
+use crate::vi::{reliable, Break, Inbound, InboundWrite, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
 use std::sync::{Arc, Weak};
 use via_core::consts::error_code;
 use via_core::consts::*;
@@ -65,6 +65,7 @@ impl Vi {
         self.attach_link(&mut s, Link::Net(link));
         // Nothing of an earlier connection's messages carries over.
         r.inbound = None;
+        r.writing = None;
         r.dropping = None;
         self.set_state(ViState::Connected);
         self.nic.counters.add(Counter::Connects, 1);
@@ -222,10 +223,11 @@ impl Vi {
         owed
     }
 
-    /// Calls `receive` with the place in the posted receive's buffer
-    /// where the message being received continues, at most `max` bytes,
-    /// so that the kernel can write the next packet's payload where it
-    /// belongs rather than into a buffer to copy it from.  `None`, without
+    /// Calls `receive` with the place where the message being received
+    /// continues, at most `max` bytes, so that the kernel can write the
+    /// next packet's payload where it belongs rather than into a buffer to
+    /// copy it from: the posted receive's buffer, or the target of an RDMA
+    /// write whose first packet was checked and placed.  `None`, without
     /// calling it, when no message is under way or nothing of it is left.
     ///
     /// Whatever the kernel writes there, a packet of another message or a
@@ -233,9 +235,21 @@ impl Vi {
     /// runs, so the descriptor can neither complete nor be flushed, and
     /// only bytes past those placed are offered, which the message's own
     /// bytes overwrite before it completes (the session delivers them in
-    /// order).
+    /// order).  An RDMA write's are offered only on a reliable VI, where
+    /// the write's own bytes come or the connection breaks, and only where
+    /// the target's registry, tag and enable allow the write just now, as
+    /// for a copy.
     pub(crate) fn receive_in_place<R>(&self, max: usize, receive: impl FnOnce(*mut u8, usize) -> R) -> Option<R> {
         let r = self.recv.lock();
+        if let Some(w) = r.writing {
+            let len = max.min(w.left as usize);
+            let (rules, attrs) = self.rules();
+            if len == 0 || !(attrs.rdma_write && local_allows(&rules, w.handle, w.next, len as u64, REGION_RDMA_WRITE))
+            {
+                return None;
+            }
+            return Some(receive(w.next as *mut u8, len));
+        }
         let inbound = r.inbound?;
         let item = r.items.get(r.done).filter(|i| !i.done && i.error == 0)?;
         // Only while no region went since its buffers were last found
@@ -342,6 +356,8 @@ impl Vi {
                         }
                     }
                     NetEvent::Segment(Segment { kind, msg, offset, total, imm, first, last, seq }, data) => {
+                        // Only the packet after a placed one of a write continues it.
+                        r.writing = None;
                         match kind {
                             MsgKind::Send => {
                                 let timer = StageTimer::start();
@@ -380,10 +396,20 @@ impl Vi {
                                     }
                                     continue;
                                 }
-                                // SAFETY: checked against this process's registry just now.
-                                // The bytes may lie in a posted receive buffer (`NetPort::land`),
-                                // which the application may have let overlap the target.
-                                unsafe { std::ptr::copy(data.as_ptr(), at as *mut u8, data.len()) };
+                                // Already there if the kernel wrote it in place (`receive_in_place`).
+                                if data.as_ptr() != at as *const u8 {
+                                    // SAFETY: checked against this process's registry just now.
+                                    // The bytes may lie in a posted receive buffer or another
+                                    // write's target (`NetPort::land`), which may overlap this one.
+                                    unsafe { std::ptr::copy(data.as_ptr(), at as *mut u8, data.len()) };
+                                }
+                                // The rest of a write on a reliable VI may land in place.
+                                let placed = offset.saturating_add(data.len() as u32);
+                                r.writing = (reliable && !last && placed < total).then(|| InboundWrite {
+                                    handle,
+                                    next: addr.wrapping_add(placed as u64),
+                                    left: total - placed,
+                                });
                                 if last && !link.placed_acks {
                                     f.replies.push((
                                         MsgKind::RdmaReadResponse { request: msg, status: 0 },
