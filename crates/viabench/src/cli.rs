@@ -78,7 +78,9 @@ pub struct Options {
     /// goes as a request, an answer with the address and memory handle of a
     /// registered buffer, the payload by RDMA write and its completion (the
     /// write's immediate data with via-rdma, a message after it with
-    /// via-send); the other modes move the same blocks as plain messages.
+    /// via-send); raw-udp sends a request and an answer, one small datagram
+    /// each way, before each block (the floor of that exchange); the other
+    /// modes move the same blocks as plain messages.
     #[arg(long, value_delimiter = ',')]
     pub pattern: Vec<String>,
     /// connect: connections timed per test, one after the other (default

@@ -84,7 +84,9 @@ pub enum Pattern {
     /// of the VIA era move mid-size messages: a request (send), an answer
     /// naming a registered buffer (send), the payload by RDMA write, its
     /// completion as immediate data (`via-rdma`) or a message after it
-    /// (`via-send`).  Other modes move the same blocks as plain messages.
+    /// (`via-send`).  `raw-udp` sends a request and an answer before each
+    /// block, one datagram each way; other modes move the same blocks as
+    /// plain messages.
     Rendezvous,
     /// Blocks one way as in [`Pattern::Rendezvous`], one acknowledgement at
     /// the end.

@@ -4,9 +4,14 @@
 //! Like openvia's transport, it hands the kernel up to 64 datagrams at once
 //! as a segmentation-offload buffer (`UDP_SEGMENT`) and takes them coalesced
 //! (`UDP_GRO`) where the kernel allows, so its throughput is the floor too.
+//!
+//! The rendezvous patterns move each block after a request and an answer,
+//! one small datagram each way, as openvia's rendezvous does before its
+//! RDMA write: the floor of that exchange on this path, beside TCP's plain
+//! blocks.
 
 use super::{set_int_option, set_socket_buffers, udp_payload, Deadline, Link, LinkServer, LinkStats, Pending, Side};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pattern::{self, Which};
 use crate::proto::{PeerInfo, ServerInfo, TestSpec, Wait, ACK_BYTES};
 use std::io::ErrorKind;
@@ -20,6 +25,10 @@ const MAX_DATAGRAM: usize = 65507;
 const MAX_READ: usize = 65535;
 /// Most datagrams in one segmentation-offload buffer.
 const GSO_MAX_SEGMENTS: usize = 64;
+/// A rendezvous request and answer: their tag, then the block's length.
+const REQUEST: u32 = 0x5251_4551;
+const ANSWER: u32 = 0x414e_5357;
+const CONTROL_BYTES: usize = 12;
 
 /// A UDP socket connected to the peer's.
 pub struct UdpLink {
@@ -37,6 +46,11 @@ pub struct UdpLink {
     gso: bool,
     kept: usize,
     messages: u64,
+    /// Blocks go after a request and an answer (the rendezvous patterns).
+    rendezvous: bool,
+    /// Rendezvous: the block kept for `verify`, which the requests and
+    /// answers taken since would have overwritten in `rbuf`.
+    kept_block: Vec<u8>,
 }
 
 impl UdpLink {
@@ -66,6 +80,8 @@ impl UdpLink {
             gso: true,
             kept: 0,
             messages: 0,
+            rendezvous: spec.pattern.is_rendezvous(),
+            kept_block: Vec::new(),
         })
     }
 
@@ -121,6 +137,10 @@ impl Link for UdpLink {
     }
 
     fn send(&mut self, which: Which, len: usize) -> Result<()> {
+        if self.rendezvous {
+            self.send_control(REQUEST, len)?;
+            self.take_control(ANSWER, len)?;
+        }
         let deadline = Deadline::after(self.timeout);
         let mut off = 0;
         let mut spins = 0u32;
@@ -157,6 +177,40 @@ impl Link for UdpLink {
     }
 
     fn recv(&mut self, len: usize, keep: bool) -> Result<()> {
+        if self.rendezvous {
+            self.take_control(REQUEST, len)?;
+            self.send_control(ANSWER, len)?;
+        }
+        self.take(len)?;
+        if keep {
+            self.kept = len;
+            if self.rendezvous {
+                // Untimed but for the last block.
+                self.kept_block.clear();
+                self.kept_block.extend_from_slice(&self.rbuf[..len]);
+            }
+        }
+        Ok(())
+    }
+
+    fn verify(&self, seed: u64, len: usize) -> Result<()> {
+        let kept = if self.rendezvous { &self.kept_block } else { &self.rbuf };
+        super::verify_kept(self.kept, kept, seed, len, "UDP block is wrong (reordered datagrams?)")
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> LinkStats {
+        LinkStats { messages: self.messages, ..Default::default() }
+    }
+}
+
+impl UdpLink {
+    /// Receives `len` bytes into `rbuf`, beginning with those that came
+    /// coalesced with the last ones.
+    fn take(&mut self, len: usize) -> Result<()> {
         let deadline = Deadline::after(self.timeout);
         // Datagrams of this block that came coalesced with the last one's.
         self.rbuf.copy_within(self.carry_at..self.carry_at + self.carry, 0);
@@ -178,22 +232,44 @@ impl Link for UdpLink {
             // Coalesced datagrams ran on into the next block (streams).
             (self.carry, self.carry_at) = (got - len, len);
         }
-        if keep {
-            self.kept = len;
+        Ok(())
+    }
+
+    /// Sends a rendezvous request or answer for a block of `len` bytes.
+    fn send_control(&mut self, tag: u32, len: usize) -> Result<()> {
+        let deadline = Deadline::after(self.timeout);
+        let mut message = [0u8; CONTROL_BYTES];
+        message[..4].copy_from_slice(&tag.to_le_bytes());
+        message[4..].copy_from_slice(&(len as u64).to_le_bytes());
+        let mut spins = 0u32;
+        loop {
+            match self.sock.send(&message) {
+                Ok(_) => {
+                    self.messages += 1;
+                    return Ok(());
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(65536) {
+                        deadline.check("UDP send")?;
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Receives the rendezvous request or answer for a block of `len` bytes.
+    fn take_control(&mut self, tag: u32, len: usize) -> Result<()> {
+        self.take(CONTROL_BYTES)?;
+        let got_tag = u32::from_le_bytes(self.rbuf[..4].try_into().expect("4 bytes"));
+        let got_len = u64::from_le_bytes(self.rbuf[4..CONTROL_BYTES].try_into().expect("8 bytes"));
+        if got_tag != tag || got_len != len as u64 {
+            return Err(Error::new(format!(
+                "UDP rendezvous: expected tag {tag:#x} for {len} bytes, got {got_tag:#x} for {got_len}"
+            )));
         }
         Ok(())
-    }
-
-    fn verify(&self, seed: u64, len: usize) -> Result<()> {
-        super::verify_kept(self.kept, &self.rbuf, seed, len, "UDP block is wrong (reordered datagrams?)")
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        Ok(())
-    }
-
-    fn stats(&self) -> LinkStats {
-        LinkStats { messages: self.messages, ..Default::default() }
     }
 }
 
@@ -218,6 +294,35 @@ impl LinkServer for UdpLink {
 mod tests {
     use super::*;
 
+    /// A link on a loopback socket of its own, polling.
+    fn loopback(rendezvous: bool, payload: usize) -> UdpLink {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        set_int_option(&sock, libc::SOL_UDP, libc::UDP_GRO, 1).expect("UDP_GRO");
+        sock.set_nonblocking(true).unwrap();
+        UdpLink {
+            sock,
+            wait: Wait::Poll,
+            timeout: Duration::from_secs(5),
+            payload,
+            bufs: [vec![0; 20000], vec![0; 20000], vec![0; 20000]],
+            rbuf: vec![0; 20000 + MAX_READ],
+            carry: 0,
+            carry_at: 0,
+            gso: true,
+            kept: 0,
+            messages: 0,
+            rendezvous,
+            kept_block: Vec::new(),
+        }
+    }
+
+    fn joined(rendezvous: bool) -> (UdpLink, UdpLink) {
+        let (mut a, mut b) = (loopback(rendezvous, 1000), loopback(rendezvous, 1000));
+        a.connect_to(b.sock.local_addr().unwrap()).unwrap();
+        b.connect_to(a.sock.local_addr().unwrap()).unwrap();
+        (a, b)
+    }
+
     #[test]
     fn datagrams_coalesced_past_a_block_begin_the_next() {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -237,6 +342,8 @@ mod tests {
             gso: true,
             kept: 0,
             messages: 0,
+            rendezvous: false,
+            kept_block: Vec::new(),
         };
         // Two 2000-byte blocks in one offload buffer of four datagrams: the
         // loopback hands them to the socket coalesced, in one read.
@@ -250,5 +357,35 @@ mod tests {
         rx.recv(2000, true).unwrap();
         assert_eq!(rx.carry, 0);
         rx.verify(2, 2000).unwrap();
+    }
+
+    #[test]
+    fn a_rendezvous_block_follows_a_request_and_an_answer() {
+        let (mut a, mut b) = joined(true);
+        a.prepare(12345, [7, 8, 9]).unwrap();
+        let receiver = std::thread::spawn(move || {
+            b.recv(12345, true).unwrap();
+            b.verify(7, 12345).unwrap();
+            b.recv(10, false).unwrap();
+            // The block kept stays what it was after later exchanges.
+            b.verify(7, 12345).unwrap();
+            b.messages
+        });
+        a.send(Which::First, 12345).unwrap();
+        a.send(Which::Middle, 10).unwrap();
+        // Two requests from a, and two answers from b.
+        assert_eq!(receiver.join().unwrap(), 2);
+        assert_eq!(a.messages, 2 + 13 + 1);
+    }
+
+    #[test]
+    fn a_block_where_a_request_was_due_is_refused() {
+        let (mut plain, mut rendezvous) = (joined(false).0, joined(true).1);
+        plain.connect_to(rendezvous.sock.local_addr().unwrap()).unwrap();
+        rendezvous.connect_to(plain.sock.local_addr().unwrap()).unwrap();
+        plain.prepare(3000, [1, 2, 3]).unwrap();
+        plain.send(Which::First, 3000).unwrap();
+        let e = rendezvous.recv(3000, true).unwrap_err();
+        assert!(e.to_string().contains("rendezvous"), "{e}");
     }
 }
