@@ -127,6 +127,12 @@ def main():
                  "shared-memory experiments run two processes on it."
                  % (" --quick" if run["quick"] else "", run.get("started", "an earlier run"),
                     run["minutes"], machine()))
+    measured = run.get("measured") or list(EXPERIMENTS)
+    if set(measured) != set(EXPERIMENTS):
+        lines[-1] = lines[-1].replace("`reproduce/run", "`reproduce/run --only %s" % ",".join(measured), 1)
+        lines.append("")
+        lines.append("The other experiments are reported from their results of an earlier run in the same "
+                     "directory of raw results.")
     lines.append("")
     if run["quick"]:
         lines += ["**A quick run: few sizes, one short trial each.  Its numbers show that every experiment runs, "
