@@ -30,7 +30,7 @@ mod read_schedule;
 pub use frames::FrameChoice;
 pub use read_schedule::ReadSchedule;
 
-use via_wire::{Header, Packet, HEADER_LEN};
+use via_wire::{Header, Packet, WireError, HEADER_LEN};
 
 /// The connections of a port, as its endpoint sees them: VI ids it routes
 /// packets to.
@@ -139,6 +139,8 @@ pub struct Tally {
     pub malformed: u64,
     /// Packets for a VI the port does not have.
     pub unknown_vi: u64,
+    /// What was wrong with the last malformed packet, for the log.
+    pub last_malformed: Option<WireError>,
 }
 
 /// A port's routing, owed acknowledgements and read schedule.
@@ -262,17 +264,19 @@ impl Arrivals<'_> {
         self.deliver(Some(header.dst_vi), &[(header, payload)], false);
     }
 
-    /// Counts a packet the datapath found malformed.
-    pub fn malformed(&mut self) {
+    /// Counts a packet the datapath found malformed, and why if it knows.
+    pub fn malformed(&mut self, why: Option<WireError>) {
         self.tally.malformed += 1;
+        self.tally.last_malformed = why.or(self.tally.last_malformed);
     }
 
     /// The header of `packet`, checked; `None` (counted) for a malformed one.
     fn parse(&mut self, packet: &[u8]) -> Option<Header> {
         match Packet::new_checked(packet).and_then(|p| Header::parse(&p)) {
             Ok(h) => Some(h),
-            Err(_) => {
+            Err(e) => {
                 self.tally.malformed += 1;
+                self.tally.last_malformed = Some(e);
                 None
             }
         }

@@ -90,7 +90,9 @@ fn consecutive_packets_of_one_vi_go_together_and_strangers_are_counted() {
     dp.peers.push_back(packet(1, 3, b"e"));
     assert!(ep.poll(&mut dp, &mut vis, false));
     assert_eq!(vis.runs, vec![(1, vec![1, 2], false, false), (2, vec![1], false, false), (1, vec![3], false, false)]);
-    assert_eq!(ep.take_tally(), Tally { packets: 4, frames: 0, malformed: 1, unknown_vi: 1 });
+    let tally = ep.take_tally();
+    assert_eq!((tally.packets, tally.frames, tally.malformed, tally.unknown_vi), (4, 0, 1, 1));
+    assert_eq!(tally.last_malformed, Some(via_wire::WireError::BadChecksum));
     assert_eq!(ep.take_tally(), Tally::default(), "taken");
 }
 

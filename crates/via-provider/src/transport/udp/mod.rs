@@ -540,6 +540,9 @@ impl NetPort {
         self.counters.add(Counter::FramesReceived, tally.frames);
         self.counters.add(Counter::Malformed, tally.malformed);
         self.counters.add(Counter::UnknownVi, tally.unknown_vi);
+        if tally.malformed > 0 {
+            tracing::debug!(count = tally.malformed, last = ?tally.last_malformed, "malformed packets refused");
+        }
     }
 
     /// Reads one socket: a datagram, and if more seem to follow (a long
@@ -632,10 +635,7 @@ impl NetPort {
                         return Some(Landed::MessageEnd);
                     }
                 }
-                Err(e) => {
-                    tracing::debug!("malformed packet: {e}");
-                    arrivals.malformed();
-                }
+                Err(e) => arrivals.malformed(Some(e)),
             }
         } else {
             // Another datagram: its bytes after the header go back behind it.
@@ -653,7 +653,9 @@ impl NetPort {
         let port = self.local4.port();
         ether.take(slot, |bytes| match Frame::new_checked(bytes) {
             Ok(frame) if frame.port() == port => arrivals.frame(frame.packet()),
-            _ => arrivals.malformed(),
+            // A frame for another port of this host.
+            Ok(_) => arrivals.malformed(None),
+            Err(e) => arrivals.malformed(Some(e)),
         })
     }
 
