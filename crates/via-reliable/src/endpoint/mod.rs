@@ -275,8 +275,7 @@ impl Arrivals<'_> {
         match Packet::new_checked(packet).and_then(|p| Header::parse(&p)) {
             Ok(h) => Some(h),
             Err(e) => {
-                self.tally.malformed += 1;
-                self.tally.last_malformed = Some(e);
+                self.malformed(Some(e));
                 None
             }
         }
