@@ -105,7 +105,8 @@ pub struct Options {
     /// tcp: SO_SNDBUF and SO_RCVBUF of both ends (default: the kernel's autotuning).
     #[arg(long, value_parser = parse_bytes)]
     pub sockbuf: Option<usize>,
-    /// VIA modes: drive N VIs at once, all on one CQ, in turn (`--vis 1`: one VI on a CQ).
+    /// VIA modes: drive N VIs at once, all on one CQ, in turn (`--vis 1`: one VI on a CQ);
+    /// raw-shm: N channel pairs in turn, the floor of N VIs.
     #[arg(long)]
     pub vis: Option<u32>,
     /// CPU placement of the two sides (sched_setaffinity).
@@ -256,7 +257,7 @@ impl Options {
                         mode,
                         pattern,
                         wait,
-                        vis: if mode.is_via() { self.vis } else { None },
+                        vis: if mode.is_via() || mode == Mode::RawShm { self.vis } else { None },
                         device: self.device(),
                         reliability: self.reliability,
                         segment: self.segment.map(|s| s as u32),
@@ -440,8 +441,10 @@ mod tests {
         assert_eq!(p.tests[0].vis, Some(1024));
         assert_eq!(p.tests[0].label(), "via-send/pingpong/poll/vis1024");
         assert!(opts(&["--vis", "1025"]).plan().is_err());
-        // --vis concerns VIA only.
+        // --vis concerns VIA and its shared-memory floor only.
         let p = opts(&["--mode", "tcp,raw-cma", "--vis", "1024"]).plan().unwrap();
         assert!(p.tests.iter().all(|t| t.vis.is_none()));
+        let p = opts(&["--mode", "raw-shm", "--vis", "1024", "--sizes", "4"]).plan().unwrap();
+        assert_eq!(p.tests[0].label(), "raw-shm/pingpong/poll/vis1024");
     }
 }

@@ -157,7 +157,7 @@ fn several_vis_on_one_cq() {
     let run = Run::new("vis");
     let report = run.viabench(&[
         "--mode",
-        "via-send,via-rdma",
+        "via-send,via-rdma,raw-shm",
         "--vis",
         "8",
         "--wait",
@@ -173,6 +173,8 @@ fn several_vis_on_one_cq() {
     ]);
     let labels = check_rows(&report);
     assert!(labels.contains(&"via-send/pingpong/poll/vis8".to_string()), "{labels:?}");
+    // The shared-memory floor drives as many channel pairs in turn.
+    assert!(labels.contains(&"raw-shm/pingpong/block/vis8".to_string()), "{labels:?}");
 }
 
 #[test]

@@ -19,6 +19,8 @@ use std::time::Duration;
 const MAX_SLOTS: usize = 8;
 /// Bytes before the data slots.
 const HEADER: usize = 4096;
+/// Channel pairs are page-aligned, as each VI's connection segment is.
+const PAGE: usize = 4096;
 
 /// One direction's control words: the writer's line, then the reader's.
 #[repr(C, align(64))]
@@ -43,19 +45,33 @@ pub struct ShmLink {
     timeout: Duration,
     slots: usize,
     slot_bytes: usize,
-    sent: u32,
-    received: u32,
-    acked: u32,
+    /// Bytes of one channel pair and its slots.
+    pair_bytes: usize,
+    /// The pair `select` chose.
+    cur: usize,
+    /// Per pair: blocks sent, received and acknowledged by the reader.
+    counts: Vec<Counts>,
     bufs: [Vec<u8>; 3],
-    kept: Option<(usize, usize)>,
+    /// The kept block: pair, slot, length.
+    kept: Option<(usize, usize, usize)>,
     path: Option<String>,
     messages: u64,
 }
 
-fn geometry(spec: &TestSpec) -> (usize, usize, usize) {
+/// One channel pair's sequence numbers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    sent: u32,
+    received: u32,
+    acked: u32,
+}
+
+/// Bytes per slot, slots per direction, bytes per pair, pairs.
+fn geometry(spec: &TestSpec) -> (usize, usize, usize, usize) {
     let slot_bytes = round_up(spec.max_block.max(ACK_BYTES), 64);
     let slots = ((64 << 20) / slot_bytes).clamp(2, MAX_SLOTS);
-    (slot_bytes, slots, HEADER + 2 * slots * slot_bytes)
+    let pair_bytes = round_up(HEADER + 2 * slots * slot_bytes, PAGE);
+    (slot_bytes, slots, pair_bytes, spec.vis.unwrap_or(1).max(1) as usize)
 }
 
 fn map(path: &str, len: usize, create: bool) -> Result<*mut u8> {
@@ -82,20 +98,22 @@ impl ShmLink {
     /// Server: creates and maps the shared file.
     pub fn create(spec: &TestSpec) -> Result<ShmLink> {
         let path = format!("/dev/shm/viabench-{}-{}", std::process::id(), spec.tag);
-        let (_, _, len) = geometry(spec);
+        let (_, _, pair_bytes, pairs) = geometry(spec);
+        let len = pair_bytes * pairs;
         let base = map(&path, len, true)?;
         Ok(ShmLink::new(spec, base, len, Side::Server, Some(path)))
     }
 
     /// Client: maps the server's file.
     pub fn open(spec: &TestSpec, path: &str) -> Result<ShmLink> {
-        let (_, _, len) = geometry(spec);
+        let (_, _, pair_bytes, pairs) = geometry(spec);
+        let len = pair_bytes * pairs;
         let base = map(path, len, false)?;
         Ok(ShmLink::new(spec, base, len, Side::Client, None))
     }
 
     fn new(spec: &TestSpec, base: *mut u8, len: usize, side: Side, path: Option<String>) -> ShmLink {
-        let (slot_bytes, slots, _) = geometry(spec);
+        let (slot_bytes, slots, pair_bytes, pairs) = geometry(spec);
         let cap = spec.max_block.max(ACK_BYTES);
         ShmLink {
             base,
@@ -105,9 +123,9 @@ impl ShmLink {
             timeout: Duration::from_millis(spec.timeout_ms),
             slots,
             slot_bytes,
-            sent: 0,
-            received: 0,
-            acked: 0,
+            pair_bytes,
+            cur: 0,
+            counts: vec![Counts::default(); pairs],
             bufs: [vec![0; cap], vec![0; cap], vec![0; cap]],
             kept: None,
             path,
@@ -115,15 +133,21 @@ impl ShmLink {
         }
     }
 
+    /// The current pair's channel of direction `dir`.
     fn channel<'a>(&self, dir: u8) -> &'a Channel {
-        // SAFETY: the header holds two channels; the mapping lives as long
-        // as `self`, and callers use the reference only while they hold it.
-        unsafe { &*(self.base.add(dir as usize * std::mem::size_of::<Channel>()) as *const Channel) }
+        // SAFETY: each pair's header holds two channels; the mapping lives
+        // as long as `self`, and callers use the reference only while they
+        // hold it.
+        unsafe {
+            &*(self.base.add(self.cur * self.pair_bytes + dir as usize * std::mem::size_of::<Channel>())
+                as *const Channel)
+        }
     }
 
-    fn slot(&self, dir: u8, i: usize) -> *mut u8 {
-        // SAFETY: inside the mapping (HEADER + 2 * slots * slot_bytes).
-        unsafe { self.base.add(HEADER + (dir as usize * self.slots + i) * self.slot_bytes) }
+    /// Slot `i` of direction `dir` in `pair`.
+    fn slot(&self, pair: usize, dir: u8, i: usize) -> *mut u8 {
+        // SAFETY: inside the pair (HEADER + 2 * slots * slot_bytes <= pair_bytes).
+        unsafe { self.base.add(pair * self.pair_bytes + HEADER + (dir as usize * self.slots + i) * self.slot_bytes) }
     }
 
     /// Waits until `ready(word)`; returns the word.
@@ -183,28 +207,29 @@ impl Link for ShmLink {
     fn send(&mut self, which: Which, len: usize) -> Result<()> {
         let dir = self.side.dir();
         let ch = self.channel(dir);
-        if self.sent.wrapping_sub(self.acked) as usize >= self.slots {
-            let floor = self.sent.wrapping_sub(self.slots as u32 - 1);
-            self.acked = self.wait_word(
+        let c = self.counts[self.cur];
+        if c.sent.wrapping_sub(c.acked) as usize >= self.slots {
+            let floor = c.sent.wrapping_sub(self.slots as u32 - 1);
+            self.counts[self.cur].acked = self.wait_word(
                 &ch.ack,
                 &ch.writer_sleeping,
                 |a| a.wrapping_sub(floor) as i32 >= 0,
                 "raw-shm: waiting for the reader",
             )?;
         }
-        let i = self.sent as usize % self.slots;
+        let i = c.sent as usize % self.slots;
         // SAFETY: the slot holds slot_bytes >= len bytes; the reader is done with it.
-        unsafe { std::ptr::copy_nonoverlapping(self.bufs[which as usize].as_ptr(), self.slot(dir, i), len) };
-        let ch = self.channel(dir);
+        unsafe { std::ptr::copy_nonoverlapping(self.bufs[which as usize].as_ptr(), self.slot(self.cur, dir, i), len) };
         ch.lens[i].store(len as u32, Ordering::Relaxed);
-        self.sent = self.sent.wrapping_add(1);
+        let sent = c.sent.wrapping_add(1);
+        self.counts[self.cur].sent = sent;
         if self.wait == Wait::Block {
-            ch.seq.store(self.sent, Ordering::SeqCst);
+            ch.seq.store(sent, Ordering::SeqCst);
             if ch.reader_sleeping.load(Ordering::SeqCst) != 0 {
                 futex_wake(&ch.seq);
             }
         } else {
-            ch.seq.store(self.sent, Ordering::Release);
+            ch.seq.store(sent, Ordering::Release);
         }
         self.messages += 1;
         Ok(())
@@ -213,42 +238,51 @@ impl Link for ShmLink {
     fn recv(&mut self, len: usize, keep: bool) -> Result<()> {
         let dir = 1 - self.side.dir();
         let ch = self.channel(dir);
-        let mine = self.received;
+        let mine = self.counts[self.cur].received;
         self.wait_word(&ch.seq, &ch.reader_sleeping, |s| s != mine, "raw-shm: waiting for a block")?;
-        let i = self.received as usize % self.slots;
+        let i = mine as usize % self.slots;
         let l = ch.lens[i].load(Ordering::Relaxed) as usize;
         if l != len {
             return Err(Error::new(format!("raw-shm: a {l}-byte block where {len} bytes were expected")));
         }
-        self.received = self.received.wrapping_add(1);
+        let received = mine.wrapping_add(1);
+        self.counts[self.cur].received = received;
         if keep {
-            self.kept = Some((i, len));
+            self.kept = Some((self.cur, i, len));
         }
         if self.wait == Wait::Block {
-            ch.ack.store(self.received, Ordering::SeqCst);
+            ch.ack.store(received, Ordering::SeqCst);
             if ch.writer_sleeping.load(Ordering::SeqCst) != 0 {
                 futex_wake(&ch.ack);
             }
         } else {
-            ch.ack.store(self.received, Ordering::Release);
+            ch.ack.store(received, Ordering::Release);
         }
         Ok(())
     }
 
     fn verify(&self, seed: u64, len: usize) -> Result<()> {
-        let Some((i, l)) = self.kept else { return Err(Error::new("no block kept")) };
+        let Some((pair, i, l)) = self.kept else { return Err(Error::new("no block kept")) };
         if l != len {
             return Err(Error::new(format!("kept {l} bytes of a {len}-byte block")));
         }
         // SAFETY: the slot was filled by the peer and is not written again
         // before the next run.
-        let data = unsafe { std::slice::from_raw_parts(self.slot(1 - self.side.dir(), i), len) };
+        let data = unsafe { std::slice::from_raw_parts(self.slot(pair, 1 - self.side.dir(), i), len) };
         pattern::check(seed, 0, data)
             .map_err(|k| Error::new(format!("byte {k} of a {len}-byte raw-shm block is wrong")))
     }
 
     fn finish(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    fn select(&mut self, vi: usize) {
+        self.cur = vi % self.counts.len();
+    }
+
+    fn vis(&self) -> usize {
+        self.counts.len()
     }
 
     fn stats(&self) -> LinkStats {
