@@ -7,7 +7,7 @@
 //! different objects never contend.
 
 use parking_lot::RwLock;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::LocalKey;
@@ -31,30 +31,43 @@ pub enum Kind {
 /// An opaque handle value.
 pub type Handle = u64;
 
-/// Entries of a thread's cache of one table, by the low bits of the handle's
-/// index (tables hand out low indices first).
-const CACHED: usize = 256;
-
 /// A cached object and its handle.
 type Cached<T> = (Handle, Arc<T>);
 
-/// The objects of one table a thread used recently ([`Table::with`]).
+/// The objects of one table a thread used recently ([`Table::with`]), by
+/// the index of their handle: a thread driving a thousand VIs finds every
+/// one of them here.  It grows to the next power of two above the highest
+/// index used, so at most to the table's capacity.
 pub(crate) struct ThreadCache<T> {
     /// The table's removal count when the cache was last emptied.
     epoch: Cell<u64>,
-    slots: [Cell<Option<Cached<T>>>; CACHED],
+    slots: RefCell<Vec<Option<Cached<T>>>>,
 }
 
 impl<T> ThreadCache<T> {
     /// An empty cache, for a `thread_local!`.
     pub(crate) const fn new() -> ThreadCache<T> {
-        ThreadCache { epoch: Cell::new(0), slots: [const { Cell::new(None) }; CACHED] }
+        ThreadCache { epoch: Cell::new(0), slots: RefCell::new(Vec::new()) }
     }
 
+    /// Drops every entry (outside the borrow: an object's drop may use a cache).
     fn empty(&self) {
-        for slot in &self.slots {
-            drop(slot.take());
-        }
+        drop(std::mem::take(&mut *self.slots.borrow_mut()));
+    }
+
+    fn take(&self, index: usize) -> Option<Cached<T>> {
+        self.slots.borrow_mut().get_mut(index).and_then(Option::take)
+    }
+
+    fn put(&self, index: usize, entry: Cached<T>) {
+        let old = {
+            let mut slots = self.slots.borrow_mut();
+            if slots.len() <= index {
+                slots.resize_with((index + 1).next_power_of_two(), || None);
+            }
+            slots[index].replace(entry)
+        };
+        drop(old);
     }
 }
 
@@ -152,20 +165,14 @@ impl<T> Table<T> {
                 cache.empty();
                 cache.epoch.set(removed);
             }
-            let slot = &cache.slots[handle as usize % CACHED];
+            let (index, _) = self.locate(handle)?;
             // Taken out while `f` runs: a nested call on it looks it up.
-            let object = match slot.take() {
+            let object = match cache.take(index) {
                 Some((h, object)) if h == handle => object,
-                other => match self.get(handle) {
-                    Some(object) => object,
-                    None => {
-                        slot.set(other);
-                        return None;
-                    }
-                },
+                _ => self.get(handle)?,
             };
             let result = f(&object);
-            slot.set(Some((handle, object)));
+            cache.put(index, (handle, object));
             Some(result)
         })
     }
@@ -210,6 +217,23 @@ mod tests {
 
     thread_local! {
         static CACHE: ThreadCache<u32> = const { ThreadCache::new() };
+    }
+
+    #[test]
+    fn thread_cache_keeps_a_thousand_objects_at_once() {
+        let table: Table<u32> = Table::new(Kind::Vi, 4096);
+        let objects: Vec<_> = (0..1024).map(|i| table.insert(|_| Arc::new(i)).unwrap()).collect();
+        for _ in 0..2 {
+            for (h, o) in &objects {
+                assert_eq!(table.with(&CACHE, *h, |x| **x), Some(**o));
+            }
+        }
+        // Each is held by the table, the cache and `objects`: no one
+        // pushed another out.
+        assert!(objects.iter().all(|(_, o)| Arc::strong_count(o) == 3));
+        // A forged generation of a cached index is refused.
+        let (h, _) = objects[7];
+        assert_eq!(table.with(&CACHE, h ^ (1 << 40), |x| **x), None);
     }
 
     #[test]
