@@ -70,7 +70,7 @@ endif
 BUILD := $(CURDIR)/build
 
 # The conformance programs, in the order they run.
-TESTS := header giganet gnu89 api_errors memory sendrecv aliases rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser fork
+TESTS := header giganet gnu89 api_errors memory sendrecv aliases rdma errors connect cq threads handover counters tuning acceptance badinput fences crossuser fork workload
 VALGRIND_TESTS := api_errors memory sendrecv badinput
 # Not fork under ASan: a child forked while another thread holds the
 # sanitizer allocator's lock (the parent's helper thread, allocating)
