@@ -9,8 +9,9 @@
  * polled or waited for; then rounds of transfers in either direction (sends
  * of 0 bytes to 64 KiB in 1 to 4 data segments, with or without immediate
  * data; RDMA writes with and without immediate data at random places), each
- * round ending with a send; and an ending: either side disconnects, with
- * receives left posted on both sides.
+ * round ending with a send; in one seed of four the last round's closing
+ * send is longer than its receive; and an ending: either side disconnects,
+ * with receives left posted on both sides.
  *
  * Checked on every step:
  * - every descriptor completes exactly once, in the order of its queue,
@@ -22,16 +23,28 @@
  *   changes;
  * - an RDMA write lands exactly in its range, visible once a later message
  *   of the same VI is received, and nothing else of the target area changes;
+ * - a send longer than its receive completes that receive with a length
+ *   error and changes no byte past it; the send's status and both VIs'
+ *   states follow the reliability level (the connection breaks on a
+ *   reliable VI and stays on an unreliable one);
  * - the side that disconnects is idle at once with its receives flushed;
- *   the other reaches the error state, hears VIP_ERROR_CONN_LOST, and its
- *   receives are flushed, in order.
+ *   the other reaches the error state, hears VIP_ERROR_CONN_LOST (after an
+ *   orderly run), and its receives are flushed, in order.
  * Over shared memory nothing is lost, so an unreliable VI is held to the
  * same delivery as a reliable one: its receives are always posted first.
+ *
+ * Across hosts (the UDP transport): `workload server TAG` on one host and
+ * `workload client TAG HOST` on another, VIA_DEVICE naming the device; the
+ * two talk over TCP port WL_PORT besides VIA.  There every VI is reliable:
+ * an unreliable one may lose a datagram the kernel drops.
  *
  * VT_SEEDS=n runs seeds 1..n (default 40; 12 with VT_QUICK); VT_SEED=s
  * runs seed s alone.  A failure names its seed.
  */
 #include "vt.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #define MAX_OPS    6                  /* transfers of a round, before its closing send */
 #define MAX_ROUNDS 10
@@ -47,6 +60,8 @@
 #define RECV_AREA  (1u << 20)         /* receive buffers */
 #define RDMA_AREA  ((1u << 20) + (512u << 10)) /* RDMA write targets */
 #define RDMA_BYTES (512u << 10)
+
+#define WL_PORT    7411               /* the control channel across hosts */
 
 #define NDESC      64
 #define SEND_DESC  0                  /* descriptors [0, 16): sends */
@@ -80,6 +95,7 @@ typedef struct {
     int wait[2];         /* [server?]: *Wait instead of polling *Done */
     unsigned nrounds;
     round_t rounds[MAX_ROUNDS];
+    uint32_t over;       /* the last closing send is this much longer than its receive */
     int closer_is_server;
     unsigned left[2];    /* receives left posted at the end, [server?] */
 } plan_t;
@@ -97,6 +113,17 @@ static uint32_t pick_len(uint32_t *r, uint32_t max)
     }
 }
 
+/* Across hosts: the server's host (by the name service), and the tag both
+ * sides put in their discriminators. */
+static const char *server_host;
+static const char *tag;
+
+static const char *device(void)
+{
+    const char *d = getenv("VIA_DEVICE");
+    return d != NULL ? d : VT_DEV;
+}
+
 static void make_plan(plan_t *p, uint32_t seed)
 {
     uint32_t r = seed * 2654435761u + 1;
@@ -105,6 +132,8 @@ static void make_plan(plan_t *p, uint32_t seed)
     memset(p, 0, sizeof *p);
     p->seed = seed;
     p->level = levels[pick(&r, 3)];
+    if (tag != NULL && p->level == VIP_SERVICE_UNRELIABLE)
+        p->level = VIP_SERVICE_RELIABLE_DELIVERY;
     p->rdma = (int)pick(&r, 3) != 0;
     for (int s = 0; s < 2; s++) {
         p->cq[s] = (int)pick(&r, 2);
@@ -138,6 +167,14 @@ static void make_plan(plan_t *p, uint32_t seed)
         if (target > RDMA_BYTES)
             VT_FAIL("seed %u: a round's writes need %u bytes", seed, target);
     }
+    if (pick(&r, 4) == 0) {
+        round_t *rd = &p->rounds[p->nrounds - 1];
+        op_t *o = &rd->ops[rd->nops - 1];
+        if (o->len == 0)
+            o->len = 1;
+        p->over = 1 + pick(&r, o->len < 64 ? o->len : 64);
+        rd->slack[rd->nops - 1] = 0;
+    }
     p->closer_is_server = (int)pick(&r, 2);
     p->left[0] = pick(&r, MAX_LEFT + 1);
     p->left[1] = pick(&r, MAX_LEFT + 1);
@@ -170,7 +207,7 @@ static void side_open(side_t *s, const plan_t *p, int fd, int server)
     s->plan = p;
     s->fd = fd;
     s->server = server;
-    s->nic = vt_open_nic(VT_DEV);
+    s->nic = vt_open_nic(device());
     vt_errlog_init(&s->errs);
     CHECK_OK(VipErrorCallback(s->nic, &s->errs, vt_errlog_handler));
     CHECK_OK(VipCreatePtag(s->nic, &s->ptag));
@@ -239,7 +276,15 @@ static size_t recv_off(const round_t *rd, unsigned i)
     return off;
 }
 
-static size_t room(const round_t *rd, unsigned i) { return rd->ops[i].len + rd->slack[i]; }
+/* The room of receive i: the message and its slack, less what a too long
+ * closing send exceeds it by. */
+static size_t room_of(const plan_t *p, const round_t *rd, unsigned i)
+{
+    int faulty = rd == &p->rounds[p->nrounds - 1] && i + 1 == rd->nops;
+    return rd->ops[i].len + rd->slack[i] - (faulty ? p->over : 0);
+}
+
+static int reliable(const plan_t *p) { return p->level != VIP_SERVICE_UNRELIABLE; }
 
 /* Where the source of op i lies in the sender's buffer. */
 static size_t send_off(unsigned i) { return SEND_AREA + (size_t)i * (MAX_SEND + GUARD); }
@@ -256,13 +301,14 @@ static void check_junk(const side_t *s, size_t off, size_t n, const char *what, 
 
 static void receive_round(side_t *s, const round_t *rd, unsigned k)
 {
+    const plan_t *p = s->plan;
     memset(s->buf.base + RECV_AREA, JUNK, BUF_BYTES - RECV_AREA);
     unsigned nrecv = 0;
     for (unsigned i = 0; i < rd->nops; i++) {
         if (rd->ops[i].kind == OP_WRITE)
             continue;
         VIP_DESCRIPTOR *d = desc(s, RECV_DESC + nrecv++);
-        size_t n = room(rd, i);
+        size_t n = room_of(p, rd, i);
         if (n == 0) {
             vt_desc_clear(d, 0);
         } else {
@@ -281,7 +327,15 @@ static void receive_round(side_t *s, const round_t *rd, unsigned k)
         VIP_DESCRIPTOR *got = next_recv(s);
         CHECK_PTR(want, got);
         size_t off = recv_off(rd, i);
-        if (o->kind == OP_SEND) {
+        if (o->kind == OP_SEND && p->over && k + 1 == p->nrounds && i + 1 == rd->nops) {
+            /* Too long: a length error, and nothing past the buffer. */
+            CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_LENGTH_ERROR, got);
+            check_junk(s, off + room_of(p, rd, i), GUARD, "bytes after a too short receive", i);
+            if (reliable(p))
+                CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi);
+            else
+                CHECK_STATE(VIP_STATE_CONNECTED, s->vi);
+        } else if (o->kind == OP_SEND) {
             CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE | (o->imm ? VIP_STATUS_IMMEDIATE : 0), got);
             CHECK_EQ(o->len, got->CS.Length);
             CHECK_PATTERN(s->buf.base + off, o->len, o->pattern);
@@ -289,7 +343,7 @@ static void receive_round(side_t *s, const round_t *rd, unsigned k)
         } else {
             CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_REMOTE_RDMA_WRITE | VIP_STATUS_IMMEDIATE, got);
             CHECK_EQ(o->len, got->CS.Length);
-            check_junk(s, off, room(rd, i) + GUARD, "the receive buffer of an RDMA write", i);
+            check_junk(s, off, room_of(p, rd, i) + GUARD, "the receive buffer of an RDMA write", i);
         }
         if (o->imm)
             CHECK_EQ(o->immediate, got->CS.ImmediateData);
@@ -334,11 +388,31 @@ static void send_round(side_t *s, const round_t *rd, unsigned k)
         }
         CHECK_OK(VipPostSend(s->vi, d, s->descs.mem.mh));
     }
+    const plan_t *p = s->plan;
     for (unsigned i = 0; i < rd->nops; i++) {
         VIP_DESCRIPTOR *got = next_send(s);
         CHECK_PTR(desc(s, SEND_DESC + i), got);
         VIP_UINT32 op = rd->ops[i].kind == OP_SEND ? VIP_STATUS_OP_SEND : VIP_STATUS_OP_RDMA_WRITE;
-        CHECK_STATUS(VIP_STATUS_DONE | op, got);
+        if (p->over && k + 1 == p->nrounds && i + 1 == rd->nops) {
+            /* Longer than its receive (tests/c/errors.c has the same). */
+            switch (p->level) {
+            case VIP_SERVICE_UNRELIABLE:
+                CHECK_STATUS(VIP_STATUS_DONE | op, got);
+                break;
+            case VIP_SERVICE_RELIABLE_DELIVERY:
+                CHECK(got->CS.Status & VIP_STATUS_DONE);
+                break;
+            default:
+                CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_REMOTE_DESC_ERROR, got);
+                break;
+            }
+            if (reliable(p))
+                CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi);
+            else
+                CHECK_STATE(VIP_STATE_CONNECTED, s->vi);
+        } else {
+            CHECK_STATUS(VIP_STATUS_DONE | op, got);
+        }
     }
     VIP_DESCRIPTOR *none = NULL;
     CHECK_RET(VIP_NOT_DONE, VipSendDone(s->vi, &none));
@@ -356,12 +430,14 @@ static void finish(side_t *s)
     }
     vt_sync(s->fd, 0xE00);
     int closer = p->closer_is_server == s->server;
+    int broken = p->over && reliable(p);
     if (closer) {
         CHECK_OK(VipDisconnect(s->vi));
         CHECK_STATE(VIP_STATE_IDLE, s->vi);
     } else {
         CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi);
-        CHECK_ERROR_REPORTED(&s->errs, VIP_ERROR_CONN_LOST, s->vi);
+        if (!broken)
+            CHECK_ERROR_REPORTED(&s->errs, VIP_ERROR_CONN_LOST, s->vi);
     }
     for (unsigned i = 0; i < left; i++) {
         VIP_DESCRIPTOR *got = next_recv(s);
@@ -377,6 +453,30 @@ static void finish(side_t *s)
     vt_sync(s->fd, 0xE01);
 }
 
+/* The server's host address by the name service. */
+static VIP_NET_ADDRESS *host_addr(VIP_NIC_HANDLE nic, const char *disc)
+{
+    VIP_NET_ADDRESS *a = vt_addr_buf();
+    CHECK_OK(VipNSInit(nic, NULL));
+    CHECK_OK(VipNSGetHostByName(nic, (VIP_CHAR *)server_host, a, 0));
+    size_t dl = strlen(disc);
+    memcpy(a->HostAddress + a->HostAddressLen, disc, dl);
+    a->DiscriminatorLen = (VIP_UINT16)dl;
+    return a;
+}
+
+static void connect_remote(side_t *s, const char *disc)
+{
+    char cdisc[VT_MAX_DISC + 8];
+    snprintf(cdisc, sizeof cdisc, "%.48s/c", disc);
+    VIP_NET_ADDRESS *local = vt_addr_local(s->nic, cdisc);
+    VIP_NET_ADDRESS *remote = host_addr(s->nic, disc);
+    VIP_VI_ATTRIBUTES ra;
+    CHECK_OK(VipConnectRequest(s->vi, local, remote, VT_WAIT_MS, &ra));
+    free(local);
+    free(remote);
+}
+
 static void run_seed(int fd, int server, uint32_t seed)
 {
     plan_t p;
@@ -387,9 +487,14 @@ static void run_seed(int fd, int server, uint32_t seed)
     vt_role = role;
     vt_sync(fd, 0x5EED0000u + seed);
     side_open(&s, &p, fd, server);
-    vt_disc(disc, sizeof disc, "workload.%u", seed);
+    if (tag != NULL)
+        snprintf(disc, sizeof disc, "wl.%.40s.%u", tag, seed);
+    else
+        vt_disc(disc, sizeof disc, "workload.%u", seed);
     if (server)
         vt_accept(s.nic, s.vi, disc);
+    else if (server_host != NULL)
+        connect_remote(&s, disc);
     else
         vt_connect(s.nic, s.vi, disc);
     CHECK_STATE(VIP_STATE_CONNECTED, s.vi);
@@ -421,7 +526,67 @@ static void run_seeds(int fd, int server, const seeds_t *seeds)
 
 static void server_main(int fd, void *arg) { run_seeds(fd, 1, arg); }
 
-int main(void)
+/* Across hosts, the server: the control channel's first connection. */
+static int control_listen(void)
+{
+    int l = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, zero = 0;
+    struct sockaddr_in6 a;
+    CHECK(l >= 0);
+    CHECK(setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
+    CHECK(setsockopt(l, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) == 0);
+    memset(&a, 0, sizeof a);
+    a.sin6_family = AF_INET6;
+    a.sin6_port = htons(WL_PORT);
+    a.sin6_addr = in6addr_any;
+    if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 1) != 0)
+        VT_FAIL("control channel on port %d: %s", WL_PORT, strerror(errno));
+    printf("workload server: listening on port %d\n", WL_PORT);
+    int fd = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+    CHECK(fd >= 0);
+    close(l);
+    return fd;
+}
+
+/* Across hosts, the client: the control channel to the server's host, whose
+ * address the name service gives; tried again while the server starts. */
+static int control_connect(void)
+{
+    VIP_NIC_HANDLE nic = vt_open_nic(device());
+    VIP_NET_ADDRESS *a = host_addr(nic, "");
+    struct sockaddr_storage ss;
+    socklen_t len;
+    memset(&ss, 0, sizeof ss);
+    if (a->HostAddressLen == 4) {
+        struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons(WL_PORT);
+        memcpy(&v4->sin_addr, a->HostAddress, 4);
+        len = sizeof *v4;
+    } else {
+        struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+        CHECK_EQ(16, a->HostAddressLen);
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons(WL_PORT);
+        memcpy(&v6->sin6_addr, a->HostAddress, 16);
+        len = sizeof *v6;
+    }
+    free(a);
+    CHECK_OK(VipCloseNic(nic));
+    double until = vt_now_ms() + (double)VT_WAIT_MS;
+    for (;;) {
+        int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        CHECK(fd >= 0);
+        if (connect(fd, (struct sockaddr *)&ss, len) == 0)
+            return fd;
+        int e = errno;
+        close(fd);
+        if (vt_now_ms() > until)
+            VT_FAIL("control channel to %s port %d: %s", server_host, WL_PORT, strerror(e));
+        vt_sleep_ms(100);
+    }
+}
+
+int main(int argc, char **argv)
 {
     vt_init();
     seeds_t seeds = {1, getenv("VT_QUICK") ? 12 : 40};
@@ -430,6 +595,23 @@ int main(void)
         seeds.first = seeds.last = (uint32_t)strtoul(one, NULL, 0);
     } else if (many) {
         seeds.last = (uint32_t)strtoul(many, NULL, 0);
+    }
+    if (argc == 3 && strcmp(argv[1], "server") == 0) {
+        tag = argv[2];
+        run_seeds(control_listen(), 1, &seeds);
+        printf("workload server: seeds %u to %u passed\n", seeds.first, seeds.last);
+        return 0;
+    }
+    if (argc == 4 && strcmp(argv[1], "client") == 0) {
+        tag = argv[2];
+        server_host = argv[3];
+        run_seeds(control_connect(), 0, &seeds);
+        printf("workload client: seeds %u to %u passed\n", seeds.first, seeds.last);
+        return 0;
+    }
+    if (argc != 1) {
+        fprintf(stderr, "usage: workload [server TAG | client TAG HOST]\n");
+        return 2;
     }
     vt_child server = vt_spawn("server", server_main, &seeds);
     run_seeds(server.fd, 0, &seeds);

@@ -7,6 +7,9 @@
 #   names            the name service: h2 from h1 and back, both directions
 #   acceptance-1500  tests/c/acceptance.c between two hosts, MTU 1500
 #   acceptance-9000  the same at MTU 9000
+#   workload         tests/c/workload.c between two hosts: seeded random
+#                    transfers on reliable VIs, every completion, byte and
+#                    flush checked
 #   ops-1500         tests/cluster/ops.c: every data operation, MTU 1500
 #   ops-9000         the same at MTU 9000
 #   deregistered     tests/cluster/gone.c: memory deregistered and unmapped
@@ -85,7 +88,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 ops-1500 ops-9000 deregistered alltoall start-order requester-killed two-agents cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 workload ops-1500 ops-9000 deregistered alltoall start-order requester-killed two-agents cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -212,6 +215,12 @@ case_ipv6() {
 case_acceptance() {
     up 2 --mtu "$1" || return 1
     pair acceptance "$logs/$tc" 150 "$out/acceptance" server "$OVC_RUN" -- "$out/acceptance" client "$OVC_RUN" h1
+}
+
+# Seeded random transfers between two hosts (tests/c/workload.c).
+case_workload() {
+    up 2 || return 1
+    pair workload "$logs/$tc" 300 "$out/workload" server "$OVC_RUN" -- "$out/workload" client "$OVC_RUN" h1
 }
 
 # ops MTU
@@ -655,6 +664,7 @@ run_one() {
     ipv6) case_ipv6 ;;
     acceptance-1500) case_acceptance 1500 ;;
     acceptance-9000) case_acceptance 9000 ;;
+    workload) case_workload ;;
     ops-1500) case_ops 1500 ;;
     ops-9000) case_ops 9000 ;;
     deregistered) case_deregistered ;;
@@ -691,9 +701,10 @@ build() {
     vlibs=$(env $pc_env pkg-config --libs vipl) || return 1
     # The installed vipl.pc forces no rpath: the programs find the staged library by their own.
     vlibs="$vlibs -Wl,-rpath,$stage/lib"
-    for p in ops gone alltoall startorder stream names acceptance pingpong; do
+    for p in ops gone alltoall startorder stream names acceptance workload pingpong; do
         src=$here/$p.c
         [ "$p" = acceptance ] && src=$top/tests/c/acceptance.c
+        [ "$p" = workload ] && src=$top/tests/c/workload.c
         [ "$p" = pingpong ] && src=$top/examples/pingpong.c
         echo "CC $p"
         # A new file renamed into place: a concurrent run may be executing the old one.

@@ -47,6 +47,11 @@ pub const FLAGS_KNOWN: u16 = FLAG_FIRST | FLAG_LAST | FLAG_IMMEDIATE | FLAG_RELI
 pub const BREAK_RETRANSMITS: u32 = 0xFFFF_0001;
 /// BREAK code a session sends when it heard nothing for its idle timeout.
 pub const BREAK_IDLE: u32 = 0xFFFF_0002;
+/// BREAK code of a reliable-reception receiver whose receive was shorter
+/// than the message it was to take: the BREAK acknowledges only the packets
+/// before that message's first, and the sender completes the message, its
+/// oldest unacknowledged send, with REMOTE_DESC_ERROR.
+pub const BREAK_RECEIVE_TOO_SHORT: u32 = 0xFFFF_0003;
 
 /// Byte offsets of the header fields.
 mod field {

@@ -30,11 +30,21 @@ struct Followup {
     deadline: Option<std::time::Instant>,
     replies: Vec<(MsgKind, u32, Reply)>,
     close: Option<Break>,
-    /// The packet whose RDMA write segment was refused, where the
-    /// connection breaks acknowledging only the packets before it.
-    refused: Option<u32>,
+    /// A packet refused (an RDMA write segment, the first packet of a send
+    /// too long for its receive): the connection breaks acknowledging only
+    /// the packets before it.
+    refused: Option<Refusal>,
     lost: Option<u32>,
     woke: bool,
+}
+
+/// A packet refused, and the codes of the break it causes.
+struct Refusal {
+    seq: u32,
+    /// The BREAK's code, which tells the peer what it sent was refused.
+    theirs: u32,
+    /// Reported to this process.
+    mine: u32,
 }
 
 /// How the port reaches a VI connected through it.
@@ -361,8 +371,12 @@ impl Vi {
                         match kind {
                             MsgKind::Send => {
                                 let timer = StageTimer::start();
-                                self.place(&mut r, msg, offset, total, imm, first, last, &data, reliable, &mut f);
+                                let at = Arrival { msg, seq, offset, total, imm, first, last };
+                                self.place(&mut r, at, &data, reliable && link.placed_acks, reliable, &mut f);
                                 timer.stop(&self.nic.counters, Counter::ReceiveNs, last.then_some(Counter::Receives));
+                                if f.refused.is_some() {
+                                    break;
+                                }
                             }
                             MsgKind::RdmaWrite { addr, handle } => {
                                 if r.dropping == Some(msg) {
@@ -380,7 +394,8 @@ impl Vi {
                                     // Refused: the connection breaks, acknowledging only
                                     // the packets before this one.
                                     self.nic.counters.add(Counter::RdmaRefused, 1);
-                                    f.refused = Some(seq);
+                                    let code = error_code::RDMAW_PROT;
+                                    f.refused = Some(Refusal { seq, theirs: code, mine: code });
                                     break;
                                 }
                                 if refused {
@@ -508,6 +523,16 @@ impl Vi {
                         }
                         f.lost.get_or_insert(error_code::CONN_LOST);
                     }
+                    NetEvent::Broken(BreakReason::PeerBreak(via_wire::BREAK_RECEIVE_TOO_SHORT)) if link.placed_acks => {
+                        // The peer's receive was too short for our oldest
+                        // unacknowledged send (reliable reception).
+                        let refused = s.items.iter_mut().find(|i| !i.done && i.op == STATUS_OP_SEND);
+                        if let Some(item) = refused {
+                            let length = item.length;
+                            item.finish(rules.registry, item.op | STATUS_REMOTE_DESC_ERROR, length);
+                        }
+                        f.lost.get_or_insert(error_code::CONN_LOST);
+                    }
                     NetEvent::Unreadable { token } => {
                         // A buffer of this send was deregistered before its
                         // bytes were all read: nothing more of it goes, and
@@ -541,14 +566,14 @@ impl Vi {
         if let Some(t) = f.deadline {
             link.port.timer_before(t);
         }
-        if let Some(seq) = f.refused {
+        if let Some(refusal) = f.refused {
             let mut more = NetEvents::new();
             {
                 let mut st = link.state.lock();
-                st.session.close_refusing(seq, error_code::RDMAW_PROT);
+                st.session.close_refusing(refusal.seq, refusal.theirs);
                 st.flush(link, &mut more);
             }
-            self.net_lost(error_code::RDMAW_PROT);
+            self.net_lost(refusal.mine);
             return;
         }
         if !f.replies.is_empty() || f.close.is_some() {
@@ -583,20 +608,11 @@ impl Vi {
     }
 
     /// Places a segment of a received send into the first pending receive.
-    #[allow(clippy::too_many_arguments)]
-    fn place(
-        &self,
-        r: &mut RecvQueue,
-        msg: u32,
-        offset: u32,
-        total: u32,
-        imm: Option<u32>,
-        first: bool,
-        last: bool,
-        data: &[u8],
-        reliable: bool,
-        f: &mut Followup,
-    ) {
+    /// `refusing`: a reliable connection whose acknowledgements say a packet
+    /// was placed, where a send too long for its receive is refused by
+    /// packet (reliable reception) so that its sender learns which it was.
+    fn place(&self, r: &mut RecvQueue, at: Arrival, data: &[u8], refusing: bool, reliable: bool, f: &mut Followup) {
+        let Arrival { msg, seq, offset, total, imm, first, last } = at;
         if r.dropping == Some(msg) {
             if last {
                 r.dropping = None;
@@ -619,11 +635,14 @@ impl Vi {
                     return;
                 }
                 Some(item) if total as u64 > item.total => {
-                    item.finish(&self.nic.registry, STATUS_OP_RECEIVE | STATUS_LENGTH_ERROR, 0, None);
+                    item.finish(&self.nic.registry, received(imm) | STATUS_LENGTH_ERROR, 0, imm);
                     r.done += 1;
                     self.push_cq(true);
                     f.woke = true;
-                    if reliable {
+                    if refusing && self.attrs().reliability == SERVICE_RELIABLE_RECEPTION {
+                        let theirs = via_wire::BREAK_RECEIVE_TOO_SHORT;
+                        f.refused = Some(Refusal { seq, theirs, mine: error_code::CONN_LOST });
+                    } else if reliable {
                         f.close = Some(Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST });
                     }
                     if !last {
@@ -652,7 +671,7 @@ impl Vi {
             // own region went, and with it what its buffers are: nothing
             // lands, nothing is written, and the connection, which did
             // nothing wrong, goes on.)
-            item.finish(&self.nic.registry, STATUS_OP_RECEIVE | STATUS_PROTECTION_ERROR, 0, None);
+            item.finish(&self.nic.registry, received(imm) | STATUS_PROTECTION_ERROR, 0, imm);
             r.done += 1;
             r.inbound = None;
             self.push_cq(true);
@@ -671,11 +690,7 @@ impl Vi {
         let item = &mut r.items[index];
         scatter(&item.segs, offset as u64, data);
         if last {
-            let mut bits = STATUS_OP_RECEIVE;
-            if imm.is_some() {
-                bits |= STATUS_IMMEDIATE;
-            }
-            item.finish(&self.nic.registry, bits, total, imm);
+            item.finish(&self.nic.registry, received(imm), total, imm);
             r.done += 1;
             r.inbound = None;
             r.tally.add(Counter::MsgsReceived, 1);
@@ -684,6 +699,24 @@ impl Vi {
             f.woke = true;
         }
     }
+}
+
+/// A packet of a send, as `place` takes it.
+struct Arrival {
+    msg: u32,
+    seq: u32,
+    offset: u32,
+    total: u32,
+    imm: Option<u32>,
+    first: bool,
+    last: bool,
+}
+
+/// The status bits of a receive that a message completed, with or without
+/// an error: immediate data is reported whenever the message carried it,
+/// as over shared memory.
+fn received(imm: Option<u32>) -> u32 {
+    STATUS_OP_RECEIVE | if imm.is_some() { STATUS_IMMEDIATE } else { 0 }
 }
 
 /// The place in the buffers `segs` where byte `offset` of a message lies,
