@@ -8,7 +8,8 @@
  * side's receive queue completes through a CQ, whether completions are
  * polled or waited for; then rounds of transfers in either direction (sends
  * of 0 bytes to 64 KiB in 1 to 4 data segments, with or without immediate
- * data; RDMA writes with and without immediate data at random places), each
+ * data; RDMA writes with and without immediate data at random places; on
+ * reliable VIs, RDMA reads of random ranges of the peer's memory), each
  * round ending with a send; in one seed of four the last round's closing
  * send is longer than its receive; and an ending: either side disconnects,
  * with receives left posted on both sides.
@@ -23,6 +24,8 @@
  *   changes;
  * - an RDMA write lands exactly in its range, visible once a later message
  *   of the same VI is received, and nothing else of the target area changes;
+ * - an RDMA read brings exactly the bytes of its range, and nothing past
+ *   them;
  * - a send longer than its receive completes that receive with a length
  *   error and changes no byte past it; the send's status and both VIs'
  *   states follow the reliability level (the connection breaks on a
@@ -55,11 +58,13 @@
 #define GUARD      64                 /* bytes between buffers that must not change */
 #define JUNK       0xA5               /* what untouched bytes hold */
 
-#define BUF_BYTES  (2u << 20)         /* each side's registered buffer */
-#define SEND_AREA  0u                 /* sources of sends and writes */
-#define RECV_AREA  (1u << 20)         /* receive buffers */
-#define RDMA_AREA  ((1u << 20) + (512u << 10)) /* RDMA write targets */
+#define BUF_BYTES  (2u << 20)         /* each side's registered buffer: */
+#define SEND_AREA  0u                 /* sources of sends and writes, places of reads */
+#define RECV_AREA  (512u << 10)       /* receive buffers */
+#define RDMA_AREA  (1u << 20)         /* RDMA write targets */
 #define RDMA_BYTES (512u << 10)
+#define READ_AREA  ((1u << 20) + (512u << 10)) /* RDMA read sources, one pattern per seed */
+#define READ_BYTES (512u << 10)
 
 #define WL_PORT    7411               /* the control channel across hosts */
 
@@ -67,7 +72,7 @@
 #define SEND_DESC  0                  /* descriptors [0, 16): sends */
 #define RECV_DESC  16                 /* descriptors [16, 32): receives */
 
-enum op_kind { OP_SEND, OP_WRITE_IMM, OP_WRITE };
+enum op_kind { OP_SEND, OP_WRITE_IMM, OP_WRITE, OP_READ };
 
 typedef struct {
     enum op_kind kind;
@@ -76,7 +81,7 @@ typedef struct {
     int imm;             /* a send with immediate data */
     uint32_t immediate;
     uint32_t pattern;
-    uint32_t target;     /* RDMA: offset in the peer's RDMA area */
+    uint32_t target;     /* RDMA: offset in the peer's RDMA area (a read: its read area) */
 } op_t;
 
 typedef struct {
@@ -91,6 +96,7 @@ typedef struct {
     uint32_t seed;
     VIP_RELIABILITY_LEVEL level;
     int rdma;
+    int rdma_read;       /* RDMA reads enabled (reliable levels only) */
     int cq[2];           /* [server?]: the receive queue completes through a CQ */
     int wait[2];         /* [server?]: *Wait instead of polling *Done */
     unsigned nrounds;
@@ -135,6 +141,7 @@ static void make_plan(plan_t *p, uint32_t seed)
     if (tag != NULL && p->level == VIP_SERVICE_UNRELIABLE)
         p->level = VIP_SERVICE_RELIABLE_DELIVERY;
     p->rdma = (int)pick(&r, 3) != 0;
+    p->rdma_read = p->level != VIP_SERVICE_UNRELIABLE && pick(&r, 2);
     for (int s = 0; s < 2; s++) {
         p->cq[s] = (int)pick(&r, 2);
         p->wait[s] = (int)pick(&r, 2);
@@ -148,7 +155,15 @@ static void make_plan(plan_t *p, uint32_t seed)
         for (unsigned i = 0; i < rd->nops; i++) {
             op_t *o = &rd->ops[i];
             int last = i + 1 == rd->nops;
-            o->kind = last || !p->rdma ? OP_SEND : (enum op_kind)pick(&r, 3);
+            enum op_kind kinds[4] = {OP_SEND};
+            unsigned nkinds = 1;
+            if (p->rdma) {
+                kinds[nkinds++] = OP_WRITE_IMM;
+                kinds[nkinds++] = OP_WRITE;
+            }
+            if (p->rdma_read)
+                kinds[nkinds++] = OP_READ;
+            o->kind = last ? OP_SEND : kinds[pick(&r, nkinds)];
             o->len = pick_len(&r, o->kind == OP_SEND ? MAX_SEND : MAX_WRITE);
             if (o->kind != OP_SEND && o->len == 0)
                 o->len = 1;
@@ -156,10 +171,12 @@ static void make_plan(plan_t *p, uint32_t seed)
             o->imm = o->kind == OP_WRITE_IMM || (o->kind == OP_SEND && pick(&r, 2));
             o->immediate = vt_rand(&r);
             o->pattern = vt_rand(&r);
-            if (o->kind != OP_SEND) {
+            if (o->kind == OP_WRITE || o->kind == OP_WRITE_IMM) {
                 target += pick(&r, 4) * GUARD;
                 o->target = target;
                 target += o->len + GUARD;
+            } else if (o->kind == OP_READ) {
+                o->target = pick(&r, READ_BYTES - o->len + 1);
             }
             rd->slack[i] = pick(&r, 3) == 0 ? 0 : pick(&r, 200);
             rd->rsegs[i] = 1 + pick(&r, SEGS);
@@ -170,8 +187,10 @@ static void make_plan(plan_t *p, uint32_t seed)
     if (pick(&r, 4) == 0) {
         round_t *rd = &p->rounds[p->nrounds - 1];
         op_t *o = &rd->ops[rd->nops - 1];
-        if (o->len == 0)
+        if (o->len == 0) {
             o->len = 1;
+            o->nseg = 1;
+        }
         p->over = 1 + pick(&r, o->len < 64 ? o->len : 64);
         rd->slack[rd->nops - 1] = 0;
     }
@@ -199,6 +218,9 @@ typedef struct {
 
 static char role[64];
 
+/* The pattern of both sides' read areas. */
+static uint32_t read_pattern(const plan_t *p) { return p->seed ^ 0x5EAD5EADu; }
+
 static VIP_DESCRIPTOR *desc(side_t *s, size_t i) { return vt_dpool_get(&s->descs, i); }
 
 static void side_open(side_t *s, const plan_t *p, int fd, int server)
@@ -211,12 +233,15 @@ static void side_open(side_t *s, const plan_t *p, int fd, int server)
     vt_errlog_init(&s->errs);
     CHECK_OK(VipErrorCallback(s->nic, &s->errs, vt_errlog_handler));
     CHECK_OK(VipCreatePtag(s->nic, &s->ptag));
-    vt_mem_reg(&s->buf, s->nic, s->ptag, BUF_BYTES, p->rdma ? VIP_TRUE : VIP_FALSE, VIP_FALSE);
+    vt_mem_reg(&s->buf, s->nic, s->ptag, BUF_BYTES, p->rdma ? VIP_TRUE : VIP_FALSE,
+               p->rdma_read ? VIP_TRUE : VIP_FALSE);
+    vt_fill(s->buf.base + READ_AREA, READ_BYTES, read_pattern(p));
     vt_dpool_init(&s->descs, s->nic, s->ptag, NDESC, SEGS + 1);
     if (p->cq[server])
         CHECK_OK(VipCreateCQ(s->nic, 64, &s->cq));
     VIP_VI_ATTRIBUTES va = vt_vi_attrs(p->level, s->ptag, VT_MAX_TRANSFER,
-                                       p->rdma ? VIP_TRUE : VIP_FALSE, VIP_FALSE);
+                                       p->rdma ? VIP_TRUE : VIP_FALSE,
+                                       p->rdma_read ? VIP_TRUE : VIP_FALSE);
     CHECK_OK(VipCreateVi(s->nic, &va, NULL, p->cq[server] ? s->cq : NULL, &s->vi));
 }
 
@@ -302,10 +327,10 @@ static void check_junk(const side_t *s, size_t off, size_t n, const char *what, 
 static void receive_round(side_t *s, const round_t *rd, unsigned k)
 {
     const plan_t *p = s->plan;
-    memset(s->buf.base + RECV_AREA, JUNK, BUF_BYTES - RECV_AREA);
+    memset(s->buf.base + RECV_AREA, JUNK, RDMA_AREA + RDMA_BYTES - RECV_AREA);
     unsigned nrecv = 0;
     for (unsigned i = 0; i < rd->nops; i++) {
-        if (rd->ops[i].kind == OP_WRITE)
+        if (rd->ops[i].kind == OP_WRITE || rd->ops[i].kind == OP_READ)
             continue;
         VIP_DESCRIPTOR *d = desc(s, RECV_DESC + nrecv++);
         size_t n = room_of(p, rd, i);
@@ -321,7 +346,7 @@ static void receive_round(side_t *s, const round_t *rd, unsigned k)
     nrecv = 0;
     for (unsigned i = 0; i < rd->nops; i++) {
         const op_t *o = &rd->ops[i];
-        if (o->kind == OP_WRITE)
+        if (o->kind == OP_WRITE || o->kind == OP_READ)
             continue;
         VIP_DESCRIPTOR *want = desc(s, RECV_DESC + nrecv++);
         VIP_DESCRIPTOR *got = next_recv(s);
@@ -352,7 +377,7 @@ static void receive_round(side_t *s, const round_t *rd, unsigned k)
     size_t at = 0;
     for (unsigned i = 0; i < rd->nops; i++) {
         const op_t *o = &rd->ops[i];
-        if (o->kind == OP_SEND)
+        if (o->kind != OP_WRITE && o->kind != OP_WRITE_IMM)
             continue;
         check_junk(s, RDMA_AREA + at, o->target - at, "RDMA area before the write", i);
         CHECK_PATTERN(s->buf.base + RDMA_AREA + o->target, o->len, o->pattern);
@@ -371,6 +396,13 @@ static void send_round(side_t *s, const round_t *rd, unsigned k)
         const op_t *o = &rd->ops[i];
         VIP_DESCRIPTOR *d = desc(s, SEND_DESC + i);
         void *src = s->buf.base + send_off(i);
+        if (o->kind == OP_READ) {
+            memset(src, JUNK, o->len + GUARD);
+            vt_desc_rdma(d, VIP_CONTROL_OP_RDMAREAD, 0, s->peer_base + READ_AREA + o->target, s->peer_mh,
+                         src, s->buf.mh, o->len, o->nseg);
+            CHECK_OK(VipPostSend(s->vi, d, s->descs.mem.mh));
+            continue;
+        }
         vt_fill(src, o->len, o->pattern);
         if (o->kind == OP_SEND) {
             if (o->nseg == 0) {
@@ -392,7 +424,10 @@ static void send_round(side_t *s, const round_t *rd, unsigned k)
     for (unsigned i = 0; i < rd->nops; i++) {
         VIP_DESCRIPTOR *got = next_send(s);
         CHECK_PTR(desc(s, SEND_DESC + i), got);
-        VIP_UINT32 op = rd->ops[i].kind == OP_SEND ? VIP_STATUS_OP_SEND : VIP_STATUS_OP_RDMA_WRITE;
+        const op_t *o = &rd->ops[i];
+        VIP_UINT32 op = o->kind == OP_SEND   ? VIP_STATUS_OP_SEND
+                        : o->kind == OP_READ ? VIP_STATUS_OP_RDMA_READ
+                                             : VIP_STATUS_OP_RDMA_WRITE;
         if (p->over && k + 1 == p->nrounds && i + 1 == rd->nops) {
             /* Longer than its receive (tests/c/errors.c has the same). */
             switch (p->level) {
@@ -412,6 +447,15 @@ static void send_round(side_t *s, const round_t *rd, unsigned k)
                 CHECK_STATE(VIP_STATE_CONNECTED, s->vi);
         } else {
             CHECK_STATUS(VIP_STATUS_DONE | op, got);
+        }
+        if (o->kind == OP_READ) {
+            const VIP_UINT8 *b = s->buf.base + send_off(i);
+            CHECK_EQ(o->len, got->CS.Length);
+            for (uint32_t j = 0; j < o->len; j++)
+                if (b[j] != vt_pat(read_pattern(p), o->target + j))
+                    VT_FAIL("byte %u of an RDMA read of %u bytes from offset %u: expected 0x%02x, got 0x%02x",
+                            j, o->len, o->target, vt_pat(read_pattern(p), o->target + j), b[j]);
+            check_junk(s, send_off(i) + o->len, GUARD, "bytes after an RDMA read", i);
         }
     }
     VIP_DESCRIPTOR *none = NULL;
