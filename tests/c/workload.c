@@ -2,23 +2,24 @@
  * workload.c - seeded random workloads over VI pairs, checked at every step
  * against the VIA semantics.
  *
- * Each seed is one connection between this process (the client) and a
- * forked server, driven by a script both processes derive from the seed:
- * the reliability level, whether RDMA writes are enabled, whether each
- * side's receive queue completes through a CQ, whether completions are
- * polled or waited for; then rounds of transfers in either direction (sends
- * of 0 bytes to 64 KiB in 1 to 4 data segments, with or without immediate
+ * Each seed is one to four connections between this process (the client)
+ * and a forked server, driven by a script both processes derive from the
+ * seed: the reliability level, whether RDMA writes and reads are enabled,
+ * whether each side's VIs complete their receives through one CQ they
+ * share, whether completions are polled or waited for; then rounds of
+ * transfers in either direction, each on a VI of its own choosing (sends of
+ * 0 bytes to 64 KiB in 1 to 4 data segments, with or without immediate
  * data; RDMA writes with and without immediate data at random places; on
  * reliable VIs, RDMA reads of random ranges of the peer's memory), each
- * round ending with a send; in one seed of four the last round's closing
- * send is longer than its receive; and an ending: either side disconnects,
- * with receives left posted on both sides.
+ * round ending with a send on every VI it used; in one seed of four the
+ * last of those sends is longer than its receive; and an ending: either
+ * side disconnects every VI, with receives left posted on both sides.
  *
  * Checked on every step:
  * - every descriptor completes exactly once, in the order of its queue,
  *   with the whole status word, length and immediate data it must have;
- * - a CQ names each completion of its queue once, before *Done returns it,
- *   and is empty at the end;
+ * - a CQ names each completion of its queues once, naming the right VI,
+ *   before *Done returns it, and is empty at the end;
  * - received bytes are the sent ones, and no byte of a receive buffer past
  *   the message (or of one an RDMA write with immediate data consumed)
  *   changes;
@@ -27,12 +28,13 @@
  * - an RDMA read brings exactly the bytes of its range, and nothing past
  *   them;
  * - a send longer than its receive completes that receive with a length
- *   error and changes no byte past it; the send's status and both VIs'
+ *   error and changes no byte past it; the send's status and the VIs'
  *   states follow the reliability level (the connection breaks on a
- *   reliable VI and stays on an unreliable one);
+ *   reliable VI and stays on an unreliable one), and the other VIs go on;
  * - the side that disconnects is idle at once with its receives flushed;
- *   the other reaches the error state, hears VIP_ERROR_CONN_LOST (after an
- *   orderly run), and its receives are flushed, in order.
+ *   the other reaches the error state, hears VIP_ERROR_CONN_LOST (unless
+ *   its connection had broken already), and its receives are flushed, in
+ *   order.
  * Over shared memory nothing is lost, so an unreliable VI is held to the
  * same delivery as a reliable one: its receives are always posted first.
  *
@@ -49,61 +51,65 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#define MAX_OPS    6                  /* transfers of a round, before its closing send */
+#define MAX_VIS    4                  /* VI pairs of a seed */
+#define MAX_OPS    6                  /* transfers of a round, before its closing sends */
+#define MAX_STEPS  (MAX_OPS + MAX_VIS)
 #define MAX_ROUNDS 10
-#define MAX_LEFT   3                  /* receives left posted at the end, per side */
+#define MAX_LEFT   3                  /* receives left posted at the end, per VI and side */
 #define MAX_SEND   65536              /* bytes of the largest send */
-#define MAX_WRITE  16384              /* bytes of the largest RDMA write */
+#define MAX_WRITE  16384              /* bytes of the largest RDMA write or read */
 #define SEGS       4                  /* most data segments of a send or receive */
 #define GUARD      64                 /* bytes between buffers that must not change */
 #define JUNK       0xA5               /* what untouched bytes hold */
 
-#define BUF_BYTES  (2u << 20)         /* each side's registered buffer: */
+#define BUF_BYTES  (4u << 20)         /* each side's registered buffer: */
 #define SEND_AREA  0u                 /* sources of sends and writes, places of reads */
-#define RECV_AREA  (512u << 10)       /* receive buffers */
-#define RDMA_AREA  (1u << 20)         /* RDMA write targets */
-#define RDMA_BYTES (512u << 10)
-#define READ_AREA  ((1u << 20) + (512u << 10)) /* RDMA read sources, one pattern per seed */
-#define READ_BYTES (512u << 10)
+#define RECV_AREA  (1u << 20)         /* receive buffers */
+#define RDMA_AREA  (2u << 20)         /* RDMA write targets */
+#define RDMA_BYTES (1u << 20)
+#define READ_AREA  (3u << 20)         /* RDMA read sources, one pattern per seed */
+#define READ_BYTES (1u << 20)
 
 #define WL_PORT    7411               /* the control channel across hosts */
 
-#define NDESC      64
-#define SEND_DESC  0                  /* descriptors [0, 16): sends */
-#define RECV_DESC  16                 /* descriptors [16, 32): receives */
+#define PER_VI     32                 /* descriptors of a VI: */
+#define SEND_DESC  0                  /* [0, 16): sends */
+#define RECV_DESC  16                 /* [16, 32): receives */
 
 enum op_kind { OP_SEND, OP_WRITE_IMM, OP_WRITE, OP_READ };
 
 typedef struct {
     enum op_kind kind;
+    unsigned vi;         /* which VI pair carries it */
     uint32_t len;
     unsigned nseg;       /* data segments on the sending side */
     int imm;             /* a send with immediate data */
     uint32_t immediate;
     uint32_t pattern;
     uint32_t target;     /* RDMA: offset in the peer's RDMA area (a read: its read area) */
+    uint32_t slack;      /* receive room past the message */
+    unsigned rsegs;      /* segments of its receive */
 } op_t;
 
 typedef struct {
     int from_server;     /* who sends in this round */
-    unsigned nops;       /* including the closing send */
-    op_t ops[MAX_OPS + 1];
-    uint32_t slack[MAX_OPS + 1]; /* receive room past the message */
-    unsigned rsegs[MAX_OPS + 1]; /* segments of each receive */
+    unsigned nops;       /* including the closing sends */
+    op_t ops[MAX_STEPS];
 } round_t;
 
 typedef struct {
     uint32_t seed;
     VIP_RELIABILITY_LEVEL level;
+    unsigned nvis;
     int rdma;
     int rdma_read;       /* RDMA reads enabled (reliable levels only) */
-    int cq[2];           /* [server?]: the receive queue completes through a CQ */
+    int cq[2];           /* [server?]: the VIs' receive queues complete through one CQ */
     int wait[2];         /* [server?]: *Wait instead of polling *Done */
     unsigned nrounds;
     round_t rounds[MAX_ROUNDS];
     uint32_t over;       /* the last closing send is this much longer than its receive */
     int closer_is_server;
-    unsigned left[2];    /* receives left posted at the end, [server?] */
+    unsigned left[2][MAX_VIS]; /* receives left posted at the end, [server?][VI] */
 } plan_t;
 
 static uint32_t pick(uint32_t *r, uint32_t n) { return vt_rand(r) % n; }
@@ -130,6 +136,36 @@ static const char *device(void)
     return d != NULL ? d : VT_DEV;
 }
 
+static void make_op(plan_t *p, op_t *o, uint32_t *r, int closing, unsigned vi, uint32_t *target)
+{
+    enum op_kind kinds[4] = {OP_SEND};
+    unsigned nkinds = 1;
+    if (p->rdma) {
+        kinds[nkinds++] = OP_WRITE_IMM;
+        kinds[nkinds++] = OP_WRITE;
+    }
+    if (p->rdma_read)
+        kinds[nkinds++] = OP_READ;
+    o->kind = closing ? OP_SEND : kinds[pick(r, nkinds)];
+    o->vi = vi;
+    o->len = pick_len(r, o->kind == OP_SEND ? MAX_SEND : MAX_WRITE);
+    if (o->kind != OP_SEND && o->len == 0)
+        o->len = 1;
+    o->nseg = o->len == 0 ? 0 : 1 + pick(r, SEGS < o->len ? SEGS : o->len);
+    o->imm = o->kind == OP_WRITE_IMM || (o->kind == OP_SEND && pick(r, 2));
+    o->immediate = vt_rand(r);
+    o->pattern = vt_rand(r);
+    if (o->kind == OP_WRITE || o->kind == OP_WRITE_IMM) {
+        *target += pick(r, 4) * GUARD;
+        o->target = *target;
+        *target += o->len + GUARD;
+    } else if (o->kind == OP_READ) {
+        o->target = pick(r, READ_BYTES - o->len + 1);
+    }
+    o->slack = pick(r, 3) == 0 ? 0 : pick(r, 200);
+    o->rsegs = 1 + pick(r, SEGS);
+}
+
 static void make_plan(plan_t *p, uint32_t seed)
 {
     uint32_t r = seed * 2654435761u + 1;
@@ -140,6 +176,7 @@ static void make_plan(plan_t *p, uint32_t seed)
     p->level = levels[pick(&r, 3)];
     if (tag != NULL && p->level == VIP_SERVICE_UNRELIABLE)
         p->level = VIP_SERVICE_RELIABLE_DELIVERY;
+    p->nvis = 1 + pick(&r, MAX_VIS);
     p->rdma = (int)pick(&r, 3) != 0;
     p->rdma_read = p->level != VIP_SERVICE_UNRELIABLE && pick(&r, 2);
     for (int s = 0; s < 2; s++) {
@@ -149,38 +186,22 @@ static void make_plan(plan_t *p, uint32_t seed)
     p->nrounds = 1 + pick(&r, MAX_ROUNDS);
     for (unsigned k = 0; k < p->nrounds; k++) {
         round_t *rd = &p->rounds[k];
-        rd->from_server = (int)pick(&r, 2);
-        rd->nops = pick(&r, MAX_OPS + 1) + 1;
         uint32_t target = 0;
-        for (unsigned i = 0; i < rd->nops; i++) {
-            op_t *o = &rd->ops[i];
-            int last = i + 1 == rd->nops;
-            enum op_kind kinds[4] = {OP_SEND};
-            unsigned nkinds = 1;
-            if (p->rdma) {
-                kinds[nkinds++] = OP_WRITE_IMM;
-                kinds[nkinds++] = OP_WRITE;
-            }
-            if (p->rdma_read)
-                kinds[nkinds++] = OP_READ;
-            o->kind = last ? OP_SEND : kinds[pick(&r, nkinds)];
-            o->len = pick_len(&r, o->kind == OP_SEND ? MAX_SEND : MAX_WRITE);
-            if (o->kind != OP_SEND && o->len == 0)
-                o->len = 1;
-            o->nseg = o->len == 0 ? 0 : 1 + pick(&r, SEGS < o->len ? SEGS : o->len);
-            o->imm = o->kind == OP_WRITE_IMM || (o->kind == OP_SEND && pick(&r, 2));
-            o->immediate = vt_rand(&r);
-            o->pattern = vt_rand(&r);
-            if (o->kind == OP_WRITE || o->kind == OP_WRITE_IMM) {
-                target += pick(&r, 4) * GUARD;
-                o->target = target;
-                target += o->len + GUARD;
-            } else if (o->kind == OP_READ) {
-                o->target = pick(&r, READ_BYTES - o->len + 1);
-            }
-            rd->slack[i] = pick(&r, 3) == 0 ? 0 : pick(&r, 200);
-            rd->rsegs[i] = 1 + pick(&r, SEGS);
+        int used[MAX_VIS] = {0};
+        unsigned n = pick(&r, MAX_OPS + 1);
+        rd->from_server = (int)pick(&r, 2);
+        for (unsigned i = 0; i < n; i++) {
+            unsigned vi = pick(&r, p->nvis);
+            used[vi] = 1;
+            make_op(p, &rd->ops[rd->nops++], &r, 0, vi, &target);
         }
+        /* A closing send on every VI the round used (one at least): what
+         * a VI wrote is visible once its closing send is received. */
+        if (n == 0)
+            used[pick(&r, p->nvis)] = 1;
+        for (unsigned v = 0; v < p->nvis; v++)
+            if (used[v])
+                make_op(p, &rd->ops[rd->nops++], &r, 1, v, &target);
         if (target > RDMA_BYTES)
             VT_FAIL("seed %u: a round's writes need %u bytes", seed, target);
     }
@@ -192,11 +213,27 @@ static void make_plan(plan_t *p, uint32_t seed)
             o->nseg = 1;
         }
         p->over = 1 + pick(&r, o->len < 64 ? o->len : 64);
-        rd->slack[rd->nops - 1] = 0;
+        o->slack = 0;
     }
     p->closer_is_server = (int)pick(&r, 2);
-    p->left[0] = pick(&r, MAX_LEFT + 1);
-    p->left[1] = pick(&r, MAX_LEFT + 1);
+    for (int s = 0; s < 2; s++)
+        for (unsigned v = 0; v < p->nvis; v++)
+            p->left[s][v] = pick(&r, MAX_LEFT + 1);
+}
+
+/* Whether op i of round k is the send longer than its receive. */
+static int too_long(const plan_t *p, unsigned k, unsigned i)
+{
+    return p->over && k + 1 == p->nrounds && i + 1 == p->rounds[k].nops;
+}
+
+/* The VI whose connection that send breaks, or -1. */
+static int broken_vi(const plan_t *p)
+{
+    if (!p->over || p->level == VIP_SERVICE_UNRELIABLE)
+        return -1;
+    const round_t *rd = &p->rounds[p->nrounds - 1];
+    return (int)rd->ops[rd->nops - 1].vi;
 }
 
 /* ------------------------------------------------------------------ */
@@ -208,7 +245,7 @@ typedef struct {
     VIP_NIC_HANDLE nic;
     VIP_PROTECTION_HANDLE ptag;
     VIP_CQ_HANDLE cq;
-    VIP_VI_HANDLE vi;
+    VIP_VI_HANDLE vi[MAX_VIS];
     vt_mem buf;
     vt_dpool descs;
     vt_errlog errs;
@@ -221,7 +258,9 @@ static char role[64];
 /* The pattern of both sides' read areas. */
 static uint32_t read_pattern(const plan_t *p) { return p->seed ^ 0x5EAD5EADu; }
 
-static VIP_DESCRIPTOR *desc(side_t *s, size_t i) { return vt_dpool_get(&s->descs, i); }
+static VIP_DESCRIPTOR *desc(side_t *s, unsigned v, size_t i) { return vt_dpool_get(&s->descs, v * PER_VI + i); }
+
+static int reliable(const plan_t *p) { return p->level != VIP_SERVICE_UNRELIABLE; }
 
 static void side_open(side_t *s, const plan_t *p, int fd, int server)
 {
@@ -236,23 +275,26 @@ static void side_open(side_t *s, const plan_t *p, int fd, int server)
     vt_mem_reg(&s->buf, s->nic, s->ptag, BUF_BYTES, p->rdma ? VIP_TRUE : VIP_FALSE,
                p->rdma_read ? VIP_TRUE : VIP_FALSE);
     vt_fill(s->buf.base + READ_AREA, READ_BYTES, read_pattern(p));
-    vt_dpool_init(&s->descs, s->nic, s->ptag, NDESC, SEGS + 1);
+    vt_dpool_init(&s->descs, s->nic, s->ptag, (size_t)PER_VI * MAX_VIS, SEGS + 1);
     if (p->cq[server])
-        CHECK_OK(VipCreateCQ(s->nic, 64, &s->cq));
+        CHECK_OK(VipCreateCQ(s->nic, 128, &s->cq));
     VIP_VI_ATTRIBUTES va = vt_vi_attrs(p->level, s->ptag, VT_MAX_TRANSFER,
                                        p->rdma ? VIP_TRUE : VIP_FALSE,
                                        p->rdma_read ? VIP_TRUE : VIP_FALSE);
-    CHECK_OK(VipCreateVi(s->nic, &va, NULL, p->cq[server] ? s->cq : NULL, &s->vi));
+    for (unsigned v = 0; v < p->nvis; v++)
+        CHECK_OK(VipCreateVi(s->nic, &va, NULL, p->cq[server] ? s->cq : NULL, &s->vi[v]));
 }
 
 static void side_close(side_t *s)
 {
     VIP_VI_HANDLE vi;
     VIP_BOOLEAN recv;
-    CHECK_STATE(VIP_STATE_IDLE, s->vi);
     if (s->cq)
         CHECK_RET(VIP_NOT_DONE, VipCQDone(s->cq, &vi, &recv));
-    CHECK_OK(VipDestroyVi(s->vi));
+    for (unsigned v = 0; v < s->plan->nvis; v++) {
+        CHECK_STATE(VIP_STATE_IDLE, s->vi[v]);
+        CHECK_OK(VipDestroyVi(s->vi[v]));
+    }
     if (s->cq)
         CHECK_OK(VipDestroyCQ(s->cq));
     vt_dpool_fini(&s->descs);
@@ -261,57 +303,62 @@ static void side_close(side_t *s)
     CHECK_OK(VipCloseNic(s->nic));
 }
 
-/* The next receive completion: through the CQ first when there is one, which
- * must name this VI's receive queue, and then *Done must have it at once. */
-static VIP_DESCRIPTOR *next_recv(side_t *s)
+/* Through the CQ: the next receive completion of any VI, which the CQ must
+ * name, and then *Done must have it at once.  Returns the VI's index. */
+static unsigned cq_next(side_t *s, VIP_DESCRIPTOR **d)
 {
-    if (s->cq) {
-        VIP_VI_HANDLE vi = NULL;
-        VIP_BOOLEAN recv = VIP_FALSE;
-        VIP_DESCRIPTOR *d = NULL;
-        if (s->plan->wait[s->server]) {
-            CHECK_OK(VipCQWait(s->cq, VT_WAIT_MS, &vi, &recv));
-        } else {
-            double until = vt_now_ms() + (double)VT_WAIT_MS;
-            VIP_RETURN r;
-            while ((r = VipCQDone(s->cq, &vi, &recv)) == VIP_NOT_DONE && vt_now_ms() < until)
-                ;
-            CHECK_OK(r);
-        }
-        CHECK_PTR(s->vi, vi);
-        CHECK_EQ(VIP_TRUE, recv);
-        CHECK_OK(VipRecvDone(s->vi, &d));
-        CHECK(d != NULL);
-        return d;
+    VIP_VI_HANDLE vi = NULL;
+    VIP_BOOLEAN recv = VIP_FALSE;
+    if (s->plan->wait[s->server]) {
+        CHECK_OK(VipCQWait(s->cq, VT_WAIT_MS, &vi, &recv));
+    } else {
+        double until = vt_now_ms() + (double)VT_WAIT_MS;
+        VIP_RETURN r;
+        while ((r = VipCQDone(s->cq, &vi, &recv)) == VIP_NOT_DONE && vt_now_ms() < until)
+            ;
+        CHECK_OK(r);
     }
-    return s->plan->wait[s->server] ? vt_recv_wait(s->vi) : vt_recv_done(s->vi);
+    CHECK_EQ(VIP_TRUE, recv);
+    for (unsigned v = 0; v < s->plan->nvis; v++) {
+        if (s->vi[v] == vi) {
+            *d = NULL;
+            CHECK_OK(VipRecvDone(vi, d));
+            CHECK(*d != NULL);
+            return v;
+        }
+    }
+    VT_FAIL("the CQ named %p, none of this side's VIs", (void *)vi);
 }
 
-static VIP_DESCRIPTOR *next_send(side_t *s)
+/* Without a CQ: the next receive completion of VI v. */
+static VIP_DESCRIPTOR *recv_on(side_t *s, unsigned v)
 {
-    return s->plan->wait[s->server] ? vt_send_wait(s->vi) : vt_send_done(s->vi);
+    return s->plan->wait[s->server] ? vt_recv_wait(s->vi[v]) : vt_recv_done(s->vi[v]);
 }
 
-/* Where receive i of a round lies, and its room. */
+static VIP_DESCRIPTOR *send_on(side_t *s, unsigned v)
+{
+    return s->plan->wait[s->server] ? vt_send_wait(s->vi[v]) : vt_send_done(s->vi[v]);
+}
+
+/* Where the receive of op i of a round lies. */
 static size_t recv_off(const round_t *rd, unsigned i)
 {
     size_t off = RECV_AREA;
     for (unsigned k = 0; k < i; k++)
-        off += rd->ops[k].len + rd->slack[k] + GUARD;
+        off += rd->ops[k].len + rd->ops[k].slack + GUARD;
     return off;
 }
 
-/* The room of receive i: the message and its slack, less what a too long
- * closing send exceeds it by. */
-static size_t room_of(const plan_t *p, const round_t *rd, unsigned i)
+/* The room of the receive of op i of round k: the message and its slack,
+ * less what a too long send exceeds it by. */
+static size_t room_of(const plan_t *p, unsigned k, unsigned i)
 {
-    int faulty = rd == &p->rounds[p->nrounds - 1] && i + 1 == rd->nops;
-    return rd->ops[i].len + rd->slack[i] - (faulty ? p->over : 0);
+    const op_t *o = &p->rounds[k].ops[i];
+    return o->len + o->slack - (too_long(p, k, i) ? p->over : 0);
 }
 
-static int reliable(const plan_t *p) { return p->level != VIP_SERVICE_UNRELIABLE; }
-
-/* Where the source of op i lies in the sender's buffer. */
+/* Where the source of op i lies in the sender's buffer (a read's place). */
 static size_t send_off(unsigned i) { return SEND_AREA + (size_t)i * (MAX_SEND + GUARD); }
 
 static void check_junk(const side_t *s, size_t off, size_t n, const char *what, unsigned i)
@@ -322,58 +369,81 @@ static void check_junk(const side_t *s, size_t off, size_t n, const char *what, 
                     s->buf.base[off + k]);
 }
 
+static int takes_receive(const op_t *o) { return o->kind == OP_SEND || o->kind == OP_WRITE_IMM; }
+
 /* ------------------------------------------------------------------ */
 
-static void receive_round(side_t *s, const round_t *rd, unsigned k)
+/* Checks the receive d that op i of round k completed. */
+static void check_received(side_t *s, unsigned k, unsigned i, VIP_DESCRIPTOR *got)
 {
     const plan_t *p = s->plan;
+    const op_t *o = &p->rounds[k].ops[i];
+    size_t off = recv_off(&p->rounds[k], i);
+    if (too_long(p, k, i)) {
+        /* Too long: a length error, and nothing past the buffer. */
+        CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_LENGTH_ERROR, got);
+        check_junk(s, off + room_of(p, k, i), GUARD, "bytes after a too short receive", i);
+        if (reliable(p))
+            CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi[o->vi]);
+        else
+            CHECK_STATE(VIP_STATE_CONNECTED, s->vi[o->vi]);
+    } else if (o->kind == OP_SEND) {
+        CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE | (o->imm ? VIP_STATUS_IMMEDIATE : 0), got);
+        CHECK_EQ(o->len, got->CS.Length);
+        CHECK_PATTERN(s->buf.base + off, o->len, o->pattern);
+        check_junk(s, off + o->len, o->slack + GUARD, "bytes after the message", i);
+    } else {
+        CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_REMOTE_RDMA_WRITE | VIP_STATUS_IMMEDIATE, got);
+        CHECK_EQ(o->len, got->CS.Length);
+        check_junk(s, off, room_of(p, k, i) + GUARD, "the receive buffer of an RDMA write", i);
+    }
+    if (o->imm)
+        CHECK_EQ(o->immediate, got->CS.ImmediateData);
+}
+
+static void receive_round(side_t *s, unsigned k)
+{
+    const plan_t *p = s->plan;
+    const round_t *rd = &p->rounds[k];
+    unsigned posted[MAX_VIS] = {0}, taken[MAX_VIS] = {0}, total = 0;
+    unsigned which[MAX_VIS][MAX_STEPS]; /* per VI, the ops of its receives in order */
     memset(s->buf.base + RECV_AREA, JUNK, RDMA_AREA + RDMA_BYTES - RECV_AREA);
-    unsigned nrecv = 0;
     for (unsigned i = 0; i < rd->nops; i++) {
-        if (rd->ops[i].kind == OP_WRITE || rd->ops[i].kind == OP_READ)
+        const op_t *o = &rd->ops[i];
+        if (!takes_receive(o))
             continue;
-        VIP_DESCRIPTOR *d = desc(s, RECV_DESC + nrecv++);
-        size_t n = room_of(p, rd, i);
+        VIP_DESCRIPTOR *d = desc(s, o->vi, RECV_DESC + posted[o->vi]);
+        size_t n = room_of(p, k, i);
         if (n == 0) {
             vt_desc_clear(d, 0);
         } else {
-            unsigned segs = rd->rsegs[i] < n ? rd->rsegs[i] : (unsigned)n;
+            unsigned segs = o->rsegs < n ? o->rsegs : (unsigned)n;
             vt_desc_recv(d, s->buf.base + recv_off(rd, i), s->buf.mh, n, segs);
         }
-        CHECK_OK(VipPostRecv(s->vi, d, s->descs.mem.mh));
+        CHECK_OK(VipPostRecv(s->vi[o->vi], d, s->descs.mem.mh));
+        which[o->vi][posted[o->vi]++] = i;
+        total++;
     }
     vt_sync(s->fd, 0x100 + k);
-    nrecv = 0;
-    for (unsigned i = 0; i < rd->nops; i++) {
-        const op_t *o = &rd->ops[i];
-        if (o->kind == OP_WRITE || o->kind == OP_READ)
-            continue;
-        VIP_DESCRIPTOR *want = desc(s, RECV_DESC + nrecv++);
-        VIP_DESCRIPTOR *got = next_recv(s);
-        CHECK_PTR(want, got);
-        size_t off = recv_off(rd, i);
-        if (o->kind == OP_SEND && p->over && k + 1 == p->nrounds && i + 1 == rd->nops) {
-            /* Too long: a length error, and nothing past the buffer. */
-            CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_LENGTH_ERROR, got);
-            check_junk(s, off + room_of(p, rd, i), GUARD, "bytes after a too short receive", i);
-            if (reliable(p))
-                CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi);
-            else
-                CHECK_STATE(VIP_STATE_CONNECTED, s->vi);
-        } else if (o->kind == OP_SEND) {
-            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE | (o->imm ? VIP_STATUS_IMMEDIATE : 0), got);
-            CHECK_EQ(o->len, got->CS.Length);
-            CHECK_PATTERN(s->buf.base + off, o->len, o->pattern);
-            check_junk(s, off + o->len, rd->slack[i] + GUARD, "bytes after the message", i);
-        } else {
-            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_REMOTE_RDMA_WRITE | VIP_STATUS_IMMEDIATE, got);
-            CHECK_EQ(o->len, got->CS.Length);
-            check_junk(s, off, room_of(p, rd, i) + GUARD, "the receive buffer of an RDMA write", i);
+    if (s->cq) {
+        /* In any order across VIs, in posting order on each. */
+        for (unsigned n = 0; n < total; n++) {
+            VIP_DESCRIPTOR *got;
+            unsigned v = cq_next(s, &got);
+            if (taken[v] == posted[v])
+                VT_FAIL("a completion on VI %u beyond the %u receives posted", v, posted[v]);
+            CHECK_PTR(desc(s, v, RECV_DESC + taken[v]), got);
+            check_received(s, k, which[v][taken[v]++], got);
         }
-        if (o->imm)
-            CHECK_EQ(o->immediate, got->CS.ImmediateData);
+    } else {
+        for (unsigned v = 0; v < p->nvis; v++)
+            for (; taken[v] < posted[v]; taken[v]++) {
+                VIP_DESCRIPTOR *got = recv_on(s, v);
+                CHECK_PTR(desc(s, v, RECV_DESC + taken[v]), got);
+                check_received(s, k, which[v][taken[v]], got);
+            }
     }
-    /* The closing send came after every write: all of them have landed. */
+    /* Every VI's closing send came after its writes: all of them have landed. */
     size_t at = 0;
     for (unsigned i = 0; i < rd->nops; i++) {
         const op_t *o = &rd->ops[i];
@@ -385,27 +455,40 @@ static void receive_round(side_t *s, const round_t *rd, unsigned k)
     }
     check_junk(s, RDMA_AREA + at, RDMA_BYTES - at, "RDMA area after the writes", rd->nops);
     VIP_DESCRIPTOR *none = NULL;
-    if (!s->cq)
-        CHECK_RET(VIP_NOT_DONE, VipRecvDone(s->vi, &none));
+    VIP_VI_HANDLE vi;
+    VIP_BOOLEAN recv;
+    for (unsigned v = 0; v < p->nvis; v++) {
+        CHECK_RET(VIP_NOT_DONE, VipRecvDone(s->vi[v], &none));
+        if ((int)v != broken_vi(p) || k + 1 < p->nrounds)
+            CHECK_STATE(VIP_STATE_CONNECTED, s->vi[v]);
+    }
+    if (s->cq)
+        CHECK_RET(VIP_NOT_DONE, VipCQDone(s->cq, &vi, &recv));
 }
 
-static void send_round(side_t *s, const round_t *rd, unsigned k)
+static void send_round(side_t *s, unsigned k)
 {
+    const plan_t *p = s->plan;
+    const round_t *rd = &p->rounds[k];
+    unsigned posted[MAX_VIS] = {0};
+    unsigned which[MAX_VIS][MAX_STEPS];
     vt_sync(s->fd, 0x100 + k);
     for (unsigned i = 0; i < rd->nops; i++) {
         const op_t *o = &rd->ops[i];
-        VIP_DESCRIPTOR *d = desc(s, SEND_DESC + i);
+        VIP_DESCRIPTOR *d = desc(s, o->vi, SEND_DESC + posted[o->vi]);
         void *src = s->buf.base + send_off(i);
+        which[o->vi][posted[o->vi]++] = i;
         if (o->kind == OP_READ) {
             memset(src, JUNK, o->len + GUARD);
             vt_desc_rdma(d, VIP_CONTROL_OP_RDMAREAD, 0, s->peer_base + READ_AREA + o->target, s->peer_mh,
                          src, s->buf.mh, o->len, o->nseg);
-            CHECK_OK(VipPostSend(s->vi, d, s->descs.mem.mh));
-            continue;
-        }
-        vt_fill(src, o->len, o->pattern);
-        if (o->kind == OP_SEND) {
-            if (o->nseg == 0) {
+        } else {
+            vt_fill(src, o->len, o->pattern);
+            if (o->kind != OP_SEND) {
+                VIP_UINT16 control = VIP_CONTROL_OP_RDMAWRITE | (o->imm ? VIP_CONTROL_IMMEDIATE : 0);
+                vt_desc_rdma(d, control, o->immediate, s->peer_base + RDMA_AREA + o->target, s->peer_mh,
+                             src, s->buf.mh, o->len, o->nseg);
+            } else if (o->nseg == 0) {
                 vt_desc_clear(d, 0);
                 d->CS.Control = o->imm ? VIP_CONTROL_IMMEDIATE : 0;
                 d->CS.ImmediateData = o->immediate;
@@ -413,86 +496,103 @@ static void send_round(side_t *s, const round_t *rd, unsigned k)
                 vt_desc_send(d, o->imm ? VIP_CONTROL_IMMEDIATE : 0, o->immediate, src, s->buf.mh,
                              o->len, o->nseg);
             }
-        } else {
-            VIP_UINT16 control = VIP_CONTROL_OP_RDMAWRITE | (o->imm ? VIP_CONTROL_IMMEDIATE : 0);
-            vt_desc_rdma(d, control, o->immediate, s->peer_base + RDMA_AREA + o->target, s->peer_mh,
-                         src, s->buf.mh, o->len, o->nseg);
         }
-        CHECK_OK(VipPostSend(s->vi, d, s->descs.mem.mh));
+        CHECK_OK(VipPostSend(s->vi[o->vi], d, s->descs.mem.mh));
     }
-    const plan_t *p = s->plan;
-    for (unsigned i = 0; i < rd->nops; i++) {
-        VIP_DESCRIPTOR *got = next_send(s);
-        CHECK_PTR(desc(s, SEND_DESC + i), got);
-        const op_t *o = &rd->ops[i];
-        VIP_UINT32 op = o->kind == OP_SEND   ? VIP_STATUS_OP_SEND
-                        : o->kind == OP_READ ? VIP_STATUS_OP_RDMA_READ
-                                             : VIP_STATUS_OP_RDMA_WRITE;
-        if (p->over && k + 1 == p->nrounds && i + 1 == rd->nops) {
-            /* Longer than its receive (tests/c/errors.c has the same). */
-            switch (p->level) {
-            case VIP_SERVICE_UNRELIABLE:
-                CHECK_STATUS(VIP_STATUS_DONE | op, got);
-                break;
-            case VIP_SERVICE_RELIABLE_DELIVERY:
-                CHECK(got->CS.Status & VIP_STATUS_DONE);
-                break;
-            default:
-                CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_REMOTE_DESC_ERROR, got);
-                break;
+    for (unsigned v = 0; v < p->nvis; v++) {
+        for (unsigned n = 0; n < posted[v]; n++) {
+            unsigned i = which[v][n];
+            const op_t *o = &rd->ops[i];
+            VIP_DESCRIPTOR *got = send_on(s, v);
+            CHECK_PTR(desc(s, v, SEND_DESC + n), got);
+            VIP_UINT32 op = o->kind == OP_SEND   ? VIP_STATUS_OP_SEND
+                            : o->kind == OP_READ ? VIP_STATUS_OP_RDMA_READ
+                                                 : VIP_STATUS_OP_RDMA_WRITE;
+            if (too_long(p, k, i)) {
+                /* Longer than its receive (tests/c/errors.c has the same). */
+                switch (p->level) {
+                case VIP_SERVICE_UNRELIABLE:
+                    CHECK_STATUS(VIP_STATUS_DONE | op, got);
+                    break;
+                case VIP_SERVICE_RELIABLE_DELIVERY:
+                    CHECK(got->CS.Status & VIP_STATUS_DONE);
+                    break;
+                default:
+                    CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_REMOTE_DESC_ERROR, got);
+                    break;
+                }
+                if (reliable(p))
+                    CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi[v]);
+                else
+                    CHECK_STATE(VIP_STATE_CONNECTED, s->vi[v]);
+                continue;
             }
-            if (reliable(p))
-                CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi);
-            else
-                CHECK_STATE(VIP_STATE_CONNECTED, s->vi);
-        } else {
             CHECK_STATUS(VIP_STATUS_DONE | op, got);
+            if (o->kind == OP_READ) {
+                const VIP_UINT8 *b = s->buf.base + send_off(i);
+                CHECK_EQ(o->len, got->CS.Length);
+                for (uint32_t j = 0; j < o->len; j++)
+                    if (b[j] != vt_pat(read_pattern(p), o->target + j))
+                        VT_FAIL("byte %u of an RDMA read of %u bytes from offset %u: expected 0x%02x, got 0x%02x",
+                                j, o->len, o->target, vt_pat(read_pattern(p), o->target + j), b[j]);
+                check_junk(s, send_off(i) + o->len, GUARD, "bytes after an RDMA read", i);
+            }
         }
-        if (o->kind == OP_READ) {
-            const VIP_UINT8 *b = s->buf.base + send_off(i);
-            CHECK_EQ(o->len, got->CS.Length);
-            for (uint32_t j = 0; j < o->len; j++)
-                if (b[j] != vt_pat(read_pattern(p), o->target + j))
-                    VT_FAIL("byte %u of an RDMA read of %u bytes from offset %u: expected 0x%02x, got 0x%02x",
-                            j, o->len, o->target, vt_pat(read_pattern(p), o->target + j), b[j]);
-            check_junk(s, send_off(i) + o->len, GUARD, "bytes after an RDMA read", i);
-        }
+        VIP_DESCRIPTOR *none = NULL;
+        CHECK_RET(VIP_NOT_DONE, VipSendDone(s->vi[v], &none));
     }
-    VIP_DESCRIPTOR *none = NULL;
-    CHECK_RET(VIP_NOT_DONE, VipSendDone(s->vi, &none));
 }
 
-/* The ending: receives left posted on both sides, then one disconnects. */
+/* The ending: receives left posted on every VI of both sides, then one side
+ * disconnects them all. */
 static void finish(side_t *s)
 {
     const plan_t *p = s->plan;
-    unsigned left = p->left[s->server];
-    for (unsigned i = 0; i < left; i++) {
-        VIP_DESCRIPTOR *d = desc(s, RECV_DESC + i);
-        vt_desc_recv(d, s->buf.base + RECV_AREA + i * 4096, s->buf.mh, 4096, 1);
-        CHECK_OK(VipPostRecv(s->vi, d, s->descs.mem.mh));
+    const unsigned *left = p->left[s->server];
+    unsigned total = 0, taken[MAX_VIS] = {0};
+    for (unsigned v = 0; v < p->nvis; v++) {
+        for (unsigned i = 0; i < left[v]; i++) {
+            VIP_DESCRIPTOR *d = desc(s, v, RECV_DESC + i);
+            vt_desc_recv(d, s->buf.base + RECV_AREA + (v * MAX_LEFT + i) * 4096, s->buf.mh, 4096, 1);
+            CHECK_OK(VipPostRecv(s->vi[v], d, s->descs.mem.mh));
+        }
+        total += left[v];
     }
     vt_sync(s->fd, 0xE00);
     int closer = p->closer_is_server == s->server;
-    int broken = p->over && reliable(p);
-    if (closer) {
-        CHECK_OK(VipDisconnect(s->vi));
-        CHECK_STATE(VIP_STATE_IDLE, s->vi);
-    } else {
-        CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi);
-        if (!broken)
-            CHECK_ERROR_REPORTED(&s->errs, VIP_ERROR_CONN_LOST, s->vi);
+    for (unsigned v = 0; v < p->nvis; v++) {
+        if (closer) {
+            CHECK_OK(VipDisconnect(s->vi[v]));
+            CHECK_STATE(VIP_STATE_IDLE, s->vi[v]);
+        } else {
+            CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi[v]);
+            if ((int)v != broken_vi(p))
+                CHECK_ERROR_REPORTED(&s->errs, VIP_ERROR_CONN_LOST, s->vi[v]);
+        }
     }
-    for (unsigned i = 0; i < left; i++) {
-        VIP_DESCRIPTOR *got = next_recv(s);
-        CHECK_PTR(desc(s, RECV_DESC + i), got);
+    /* Every receive left is flushed, in order on each VI. */
+    for (unsigned n = 0; n < total; n++) {
+        VIP_DESCRIPTOR *got;
+        unsigned v;
+        if (s->cq) {
+            v = cq_next(s, &got);
+        } else {
+            for (v = 0; taken[v] == left[v]; v++)
+                ;
+            got = recv_on(s, v);
+        }
+        if (taken[v] == left[v])
+            VT_FAIL("a completion on VI %u beyond the %u receives left", v, left[v]);
+        CHECK_PTR(desc(s, v, RECV_DESC + taken[v]++), got);
         CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_DESC_FLUSHED_ERROR, got);
     }
-    VIP_DESCRIPTOR *none = NULL;
-    CHECK_RET(VIP_NOT_DONE, VipRecvDone(s->vi, &none));
-    if (!closer) {
-        CHECK_OK(VipDisconnect(s->vi));
-        CHECK_STATE(VIP_STATE_IDLE, s->vi);
+    for (unsigned v = 0; v < p->nvis; v++) {
+        VIP_DESCRIPTOR *none = NULL;
+        CHECK_RET(VIP_NOT_DONE, VipRecvDone(s->vi[v], &none));
+        if (!closer) {
+            CHECK_OK(VipDisconnect(s->vi[v]));
+            CHECK_STATE(VIP_STATE_IDLE, s->vi[v]);
+        }
     }
     vt_sync(s->fd, 0xE01);
 }
@@ -509,14 +609,14 @@ static VIP_NET_ADDRESS *host_addr(VIP_NIC_HANDLE nic, const char *disc)
     return a;
 }
 
-static void connect_remote(side_t *s, const char *disc)
+static void connect_remote(side_t *s, VIP_VI_HANDLE vi, const char *disc)
 {
     char cdisc[VT_MAX_DISC + 8];
     snprintf(cdisc, sizeof cdisc, "%.48s/c", disc);
     VIP_NET_ADDRESS *local = vt_addr_local(s->nic, cdisc);
     VIP_NET_ADDRESS *remote = host_addr(s->nic, disc);
     VIP_VI_ATTRIBUTES ra;
-    CHECK_OK(VipConnectRequest(s->vi, local, remote, VT_WAIT_MS, &ra));
+    CHECK_OK(VipConnectRequest(vi, local, remote, VT_WAIT_MS, &ra));
     free(local);
     free(remote);
 }
@@ -525,33 +625,34 @@ static void run_seed(int fd, int server, uint32_t seed)
 {
     plan_t p;
     side_t s;
-    char disc[VT_MAX_DISC];
     make_plan(&p, seed);
     snprintf(role, sizeof role, "%s, seed %u", server ? "server" : "client", seed);
     vt_role = role;
     vt_sync(fd, 0x5EED0000u + seed);
     side_open(&s, &p, fd, server);
-    if (tag != NULL)
-        snprintf(disc, sizeof disc, "wl.%.40s.%u", tag, seed);
-    else
-        vt_disc(disc, sizeof disc, "workload.%u", seed);
-    if (server)
-        vt_accept(s.nic, s.vi, disc);
-    else if (server_host != NULL)
-        connect_remote(&s, disc);
-    else
-        vt_connect(s.nic, s.vi, disc);
-    CHECK_STATE(VIP_STATE_CONNECTED, s.vi);
+    for (unsigned v = 0; v < p.nvis; v++) {
+        char disc[VT_MAX_DISC];
+        if (tag != NULL)
+            snprintf(disc, sizeof disc, "wl.%.40s.%u.%u", tag, seed, v);
+        else
+            vt_disc(disc, sizeof disc, "workload.%u.%u", seed, v);
+        if (server)
+            vt_accept(s.nic, s.vi[v], disc);
+        else if (server_host != NULL)
+            connect_remote(&s, s.vi[v], disc);
+        else
+            vt_connect(s.nic, s.vi[v], disc);
+        CHECK_STATE(VIP_STATE_CONNECTED, s.vi[v]);
+    }
     vt_put_u64(fd, (uint64_t)(uintptr_t)s.buf.base);
     vt_put_u64(fd, s.buf.mh);
     s.peer_base = vt_get_u64(fd);
     s.peer_mh = (VIP_MEM_HANDLE)vt_get_u64(fd);
     for (unsigned k = 0; k < p.nrounds; k++) {
-        const round_t *rd = &p.rounds[k];
-        if (rd->from_server == server)
-            send_round(&s, rd, k);
+        if (p.rounds[k].from_server == server)
+            send_round(&s, k);
         else
-            receive_round(&s, rd, k);
+            receive_round(&s, k);
         vt_sync(fd, 0x200 + k);
     }
     finish(&s);
