@@ -12,8 +12,9 @@
  * data; RDMA writes with and without immediate data at random places; on
  * reliable VIs, RDMA reads of random ranges of the peer's memory), each
  * round ending with a send on every VI it used; in one seed of four the
- * last of those sends is longer than its receive; and an ending: either
- * side disconnects every VI, with receives left posted on both sides.
+ * last of those sends is longer than its receive, and in one of six more
+ * on a reliable VI it finds no receive posted; and an ending: either side
+ * disconnects every VI, with receives left posted on both sides.
  *
  * Checked on every step:
  * - every descriptor completes exactly once, in the order of its queue,
@@ -31,6 +32,10 @@
  *   error and changes no byte past it; the send's status and the VIs'
  *   states follow the reliability level (the connection breaks on a
  *   reliable VI and stays on an unreliable one), and the other VIs go on;
+ * - a send on a reliable VI that finds no receive posted breaks its
+ *   connection (VIP_ERROR_RECVQ_EMPTY at the receiver, VIP_ERROR_CONN_LOST
+ *   at the sender, whose send fails with a transport error over shared
+ *   memory), after everything before it on that VI arrived;
  * - the side that disconnects is idle at once with its receives flushed;
  *   the other reaches the error state, hears VIP_ERROR_CONN_LOST (unless
  *   its connection had broken already), and its receives are flushed, in
@@ -108,6 +113,7 @@ typedef struct {
     unsigned nrounds;
     round_t rounds[MAX_ROUNDS];
     uint32_t over;       /* the last closing send is this much longer than its receive */
+    int no_recv;         /* the last closing send finds no receive (reliable levels) */
     int closer_is_server;
     unsigned left[2][MAX_VIS]; /* receives left posted at the end, [server?][VI] */
 } plan_t;
@@ -214,6 +220,8 @@ static void make_plan(plan_t *p, uint32_t seed)
         }
         p->over = 1 + pick(&r, o->len < 64 ? o->len : 64);
         o->slack = 0;
+    } else if (p->level != VIP_SERVICE_UNRELIABLE && pick(&r, 6) == 0) {
+        p->no_recv = 1;
     }
     p->closer_is_server = (int)pick(&r, 2);
     for (int s = 0; s < 2; s++)
@@ -227,10 +235,16 @@ static int too_long(const plan_t *p, unsigned k, unsigned i)
     return p->over && k + 1 == p->nrounds && i + 1 == p->rounds[k].nops;
 }
 
-/* The VI whose connection that send breaks, or -1. */
+/* Whether op i of round k is the send that finds no receive. */
+static int unreceived(const plan_t *p, unsigned k, unsigned i)
+{
+    return p->no_recv && k + 1 == p->nrounds && i + 1 == p->rounds[k].nops;
+}
+
+/* The VI whose connection the last closing send breaks, or -1. */
 static int broken_vi(const plan_t *p)
 {
-    if (!p->over || p->level == VIP_SERVICE_UNRELIABLE)
+    if (!(p->over || p->no_recv) || p->level == VIP_SERVICE_UNRELIABLE)
         return -1;
     const round_t *rd = &p->rounds[p->nrounds - 1];
     return (int)rd->ops[rd->nops - 1].vi;
@@ -369,7 +383,11 @@ static void check_junk(const side_t *s, size_t off, size_t n, const char *what, 
                     s->buf.base[off + k]);
 }
 
-static int takes_receive(const op_t *o) { return o->kind == OP_SEND || o->kind == OP_WRITE_IMM; }
+static int takes_receive(const plan_t *p, unsigned k, unsigned i)
+{
+    const op_t *o = &p->rounds[k].ops[i];
+    return (o->kind == OP_SEND || o->kind == OP_WRITE_IMM) && !unreceived(p, k, i);
+}
 
 /* ------------------------------------------------------------------ */
 
@@ -410,7 +428,7 @@ static void receive_round(side_t *s, unsigned k)
     memset(s->buf.base + RECV_AREA, JUNK, RDMA_AREA + RDMA_BYTES - RECV_AREA);
     for (unsigned i = 0; i < rd->nops; i++) {
         const op_t *o = &rd->ops[i];
-        if (!takes_receive(o))
+        if (!takes_receive(p, k, i))
             continue;
         VIP_DESCRIPTOR *d = desc(s, o->vi, RECV_DESC + posted[o->vi]);
         size_t n = room_of(p, k, i);
@@ -442,6 +460,13 @@ static void receive_round(side_t *s, unsigned k)
                 CHECK_PTR(desc(s, v, RECV_DESC + taken[v]), got);
                 check_received(s, k, which[v][taken[v]], got);
             }
+    }
+    if (p->no_recv && k + 1 == p->nrounds) {
+        /* The last send found no receive: the connection broke after
+         * everything before it on that VI arrived. */
+        unsigned v = (unsigned)broken_vi(p);
+        CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi[v]);
+        CHECK_ERROR_REPORTED(&s->errs, VIP_ERROR_RECVQ_EMPTY, s->vi[v]);
     }
     /* Every VI's closing send came after its writes: all of them have landed. */
     size_t at = 0;
@@ -508,6 +533,17 @@ static void send_round(side_t *s, unsigned k)
             VIP_UINT32 op = o->kind == OP_SEND   ? VIP_STATUS_OP_SEND
                             : o->kind == OP_READ ? VIP_STATUS_OP_RDMA_READ
                                                  : VIP_STATUS_OP_RDMA_WRITE;
+            if (unreceived(p, k, i)) {
+                /* No receive there (tests/c/errors.c has the same); across
+                 * hosts the peer's transport may have acknowledged it. */
+                if (tag == NULL)
+                    CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_TRANSPORT_ERROR, got);
+                else
+                    CHECK(got->CS.Status & VIP_STATUS_DONE);
+                CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi[v]);
+                CHECK_ERROR_REPORTED(&s->errs, VIP_ERROR_CONN_LOST, s->vi[v]);
+                continue;
+            }
             if (too_long(p, k, i)) {
                 /* Longer than its receive (tests/c/errors.c has the same). */
                 switch (p->level) {
