@@ -48,7 +48,7 @@
  * two talk over TCP port WL_PORT besides VIA.  There every VI is reliable:
  * an unreliable one may lose a datagram the kernel drops.
  *
- * VT_SEEDS=n runs seeds 1..n (default 40; 12 with VT_QUICK); VT_SEED=s
+ * VT_SEEDS=n runs seeds 1..n (default 200; 20 with VT_QUICK); VT_SEED=s
  * runs seed s alone.  A failure names its seed.
  */
 #include "vt.h"
@@ -770,7 +770,7 @@ static int control_connect(void)
 int main(int argc, char **argv)
 {
     vt_init();
-    seeds_t seeds = {1, getenv("VT_QUICK") ? 12 : 40};
+    seeds_t seeds = {1, getenv("VT_QUICK") ? 20 : 200};
     const char *one = getenv("VT_SEED"), *many = getenv("VT_SEEDS");
     if (one) {
         seeds.first = seeds.last = (uint32_t)strtoul(one, NULL, 0);
