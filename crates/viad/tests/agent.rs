@@ -270,6 +270,10 @@ fn unreachable_host() {
     };
     let v = Viad::start("unr2", &["--cm-port", &port]);
     assert_eq!(v.stat("cm_port").to_string(), port);
+    // A host that never answers, not even with an ICMP error: a multicast
+    // group nobody here joined (no host sends ICMP errors for multicast).
+    // A routed unicast address may be refused by a firewall on the way.
+    req.remote_host = &[224, 0, 0, 123];
     let t = Instant::now();
     let err = v.agent.connect(&req, Duration::from_millis(400));
     assert!(matches!(err, Err(AgentError::Unreachable)), "{err:?}");
