@@ -38,7 +38,9 @@ struct Followup {
     woke: bool,
 }
 
-/// A packet refused, and the codes of the break it causes.
+/// A packet refused, and the codes of the break it causes: the BREAK
+/// acknowledges every packet before it, all placed, so that the peer
+/// completes them (and no later one).
 struct Refusal {
     seq: u32,
     /// The BREAK's code, which tells the peer what it sent was refused.
@@ -443,6 +445,10 @@ impl Vi {
                                             self.push_cq(true);
                                             f.woke = true;
                                         }
+                                        None if reliable && link.placed_acks => {
+                                            f.refused = Some(no_receive().refusing(seq));
+                                            break;
+                                        }
                                         None if reliable => f.close = Some(no_receive()),
                                         None => {}
                                     }
@@ -566,17 +572,7 @@ impl Vi {
         if let Some(t) = f.deadline {
             link.port.timer_before(t);
         }
-        if let Some(refusal) = f.refused {
-            let mut more = NetEvents::new();
-            {
-                let mut st = link.state.lock();
-                st.session.close_refusing(refusal.seq, refusal.theirs);
-                st.flush(link, &mut more);
-            }
-            self.net_lost(refusal.mine);
-            return;
-        }
-        if !f.replies.is_empty() || f.close.is_some() {
+        if !f.replies.is_empty() || f.close.is_some() || f.refused.is_some() {
             let mut more = NetEvents::new();
             {
                 let mut st = link.state.lock();
@@ -589,10 +585,17 @@ impl Vi {
                 }
                 // Answers go out before a BREAK that closes the session.
                 st.flush(link, &mut more);
-                if let Some(b) = f.close {
+                if let Some(r) = &f.refused {
+                    st.session.close_refusing(r.seq, r.theirs);
+                    st.flush(link, &mut more);
+                } else if let Some(b) = f.close {
                     st.session.close(b.theirs);
                     st.flush(link, &mut more);
                 }
+            }
+            if let Some(r) = f.refused {
+                self.net_lost(r.mine);
+                return;
             }
             if let Some(b) = f.close {
                 self.net_lost(b.mine);
@@ -624,7 +627,9 @@ impl Vi {
             let index = r.done;
             match r.items.get_mut(index) {
                 None => {
-                    if reliable {
+                    if refusing {
+                        f.refused = Some(no_receive().refusing(seq));
+                    } else if reliable {
                         f.close = Some(no_receive());
                     } else {
                         self.nic.counters.add(Counter::DroppedNoRecv, 1);
@@ -639,8 +644,13 @@ impl Vi {
                     r.done += 1;
                     self.push_cq(true);
                     f.woke = true;
-                    if refusing && self.attrs().reliability == SERVICE_RELIABLE_RECEPTION {
-                        let theirs = via_wire::BREAK_RECEIVE_TOO_SHORT;
+                    if refusing {
+                        // Reliable reception: its sender learns which message it was.
+                        let theirs = if self.attrs().reliability == SERVICE_RELIABLE_RECEPTION {
+                            via_wire::BREAK_RECEIVE_TOO_SHORT
+                        } else {
+                            error_code::CONN_LOST
+                        };
                         f.refused = Some(Refusal { seq, theirs, mine: error_code::CONN_LOST });
                     } else if reliable {
                         f.close = Some(Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST });
@@ -677,7 +687,12 @@ impl Vi {
             self.push_cq(true);
             f.woke = true;
             if desc_live && reliable {
-                f.close = Some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
+                let lost = Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST };
+                if refusing {
+                    f.refused = Some(lost.refusing(seq));
+                } else {
+                    f.close = Some(lost);
+                }
             }
             if !last {
                 r.dropping = Some(msg);
@@ -760,6 +775,13 @@ fn still_registered(rules: &Rules, mem: u32, epoch: &mut u32, segs: &[LocalSeg])
 /// A message arrived for a reliable VI with no receive posted.
 fn no_receive() -> Break {
     Break { mine: error_code::RECVQ_EMPTY, theirs: error_code::CONN_LOST }
+}
+
+impl Break {
+    /// This break, caused by packet `seq`.
+    fn refusing(self, seq: u32) -> Refusal {
+        Refusal { seq, theirs: self.theirs, mine: self.mine }
+    }
 }
 
 /// Checks an incoming RDMA access against this process's registry.
