@@ -85,17 +85,7 @@ static void short_client(vt_end *e)
 {
     vt_sync(e->fd, 1);
     VIP_DESCRIPTOR *got = send_bytes(e, 0, 200, 1, 1);
-    switch (e->conf->level) {
-    case U:
-        CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, got);
-        break;
-    case RD:
-        CHECK(got->CS.Status & VIP_STATUS_DONE);
-        break;
-    case RR:
-        CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_REMOTE_DESC_ERROR, got);
-        break;
-    }
+    CHECK_TOO_LONG_SEND(e->conf->level, got);
     if (reliable(e)) {
         CHECK_STATE_SOON(VIP_STATE_ERROR, e->vi);
         vt_sync(e->fd, 2);

@@ -215,6 +215,24 @@ static inline const char *vt_status_str(VIP_UINT32 s, char *buf, size_t n)
         }                                                                      \
     } while (0)
 
+/* The send of a message longer than the peer's receive buffer, by level
+ * (notes/contract.md): unreliable DONE|OP_SEND; reliable delivery DONE;
+ * reliable reception DONE|REMOTE_DESC_ERROR. */
+#define CHECK_TOO_LONG_SEND(level, desc)                                       \
+    do {                                                                       \
+        switch (level) {                                                       \
+        case VIP_SERVICE_UNRELIABLE:                                           \
+            CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, desc);          \
+            break;                                                             \
+        case VIP_SERVICE_RELIABLE_DELIVERY:                                    \
+            CHECK((desc)->CS.Status & VIP_STATUS_DONE);                        \
+            break;                                                             \
+        default:                                                               \
+            CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_REMOTE_DESC_ERROR, desc); \
+            break;                                                             \
+        }                                                                      \
+    } while (0)
+
 /* ------------------------------------------------------------------ */
 /* Time                                                                 */
 /* ------------------------------------------------------------------ */

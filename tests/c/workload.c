@@ -545,18 +545,8 @@ static void send_round(side_t *s, unsigned k)
                 continue;
             }
             if (too_long(p, k, i)) {
-                /* Longer than its receive (tests/c/errors.c has the same). */
-                switch (p->level) {
-                case VIP_SERVICE_UNRELIABLE:
-                    CHECK_STATUS(VIP_STATUS_DONE | op, got);
-                    break;
-                case VIP_SERVICE_RELIABLE_DELIVERY:
-                    CHECK(got->CS.Status & VIP_STATUS_DONE);
-                    break;
-                default:
-                    CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_REMOTE_DESC_ERROR, got);
-                    break;
-                }
+                /* Longer than its receive. */
+                CHECK_TOO_LONG_SEND(p->level, got);
                 if (reliable(p))
                     CHECK_STATE_SOON(VIP_STATE_ERROR, s->vi[v]);
                 else

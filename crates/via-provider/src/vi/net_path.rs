@@ -30,9 +30,9 @@ struct Followup {
     deadline: Option<std::time::Instant>,
     replies: Vec<(MsgKind, u32, Reply)>,
     close: Option<Break>,
-    /// A packet refused (an RDMA write segment, the first packet of a send
-    /// too long for its receive): the connection breaks acknowledging only
-    /// the packets before it.
+    /// A packet refused (an RDMA write segment; a send too long for its
+    /// receive or without one; a receive whose buffers went): the
+    /// connection breaks acknowledging only the packets before it.
     refused: Option<Refusal>,
     lost: Option<u32>,
     woke: bool,
@@ -612,8 +612,8 @@ impl Vi {
 
     /// Places a segment of a received send into the first pending receive.
     /// `refusing`: a reliable connection whose acknowledgements say a packet
-    /// was placed, where a send too long for its receive is refused by
-    /// packet (reliable reception) so that its sender learns which it was.
+    /// was placed, where a packet that breaks it is refused by packet, so
+    /// that its sender completes exactly what was placed before it.
     fn place(&self, r: &mut RecvQueue, at: Arrival, data: &[u8], refusing: bool, reliable: bool, f: &mut Followup) {
         let Arrival { msg, seq, offset, total, imm, first, last } = at;
         if r.dropping == Some(msg) {
