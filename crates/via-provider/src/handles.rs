@@ -52,7 +52,8 @@ impl<T> ThreadCache<T> {
 
     /// Drops every entry (outside the borrow: an object's drop may use a cache).
     fn empty(&self) {
-        drop(std::mem::take(&mut *self.slots.borrow_mut()));
+        let old = std::mem::take(&mut *self.slots.borrow_mut());
+        drop(old);
     }
 
     fn take(&self, index: usize) -> Option<Cached<T>> {
