@@ -20,10 +20,36 @@ use std::time::Instant;
 /// never earlier than a previous reading on the same thread.
 #[inline]
 pub(crate) fn now() -> Instant {
+    #[cfg(test)]
+    if let Some(t) = simulated::now() {
+        return t;
+    }
     #[cfg(target_arch = "x86_64")]
     return tsc::now();
     #[cfg(not(target_arch = "x86_64"))]
     Instant::now()
+}
+
+/// The virtual time of the whole-provider simulator (`crate::sim`), on
+/// the thread that runs it.
+#[cfg(test)]
+pub(crate) mod simulated {
+    use std::cell::Cell;
+    use std::time::Instant;
+
+    thread_local! {
+        static NOW: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+
+    /// The virtual time, if this thread runs a simulation.
+    pub(super) fn now() -> Option<Instant> {
+        NOW.with(Cell::get)
+    }
+
+    /// Sets this thread's virtual time; `None` returns it to the real clock.
+    pub(crate) fn set(t: Option<Instant>) {
+        NOW.with(|c| c.set(t));
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -526,6 +526,36 @@ fn finish(vi: &Arc<Vi>, linked: Linked) -> Endpoint {
     linked.peer
 }
 
+/// Connects `a` and `b`, VIs of this process on NICs of different hosts,
+/// as the host agents' rendezvous would: each side's endpoint, encoded as
+/// it travels in a connection request, reaches the other.  The
+/// whole-provider simulator's connection manager.
+#[cfg(test)]
+pub(crate) fn link_directly(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
+    if a.attrs().reliability != b.attrs().reliability {
+        return Err(ViaError::InvalidReliabilityLevel);
+    }
+    begin(a)?;
+    if let Err(e) = begin(b) {
+        abort(a);
+        return Err(e);
+    }
+    let identities = net_identity(a, &b.nic.device.host_addr).and_then(|x| Ok((x, net_identity(b, &a.nic.device.host_addr)?)));
+    let ((port_a, key_a, info_a), (port_b, key_b, info_b)) = match identities {
+        Ok(ids) => ids,
+        Err(e) => {
+            abort(a);
+            abort(b);
+            return Err(e);
+        }
+    };
+    let seen_by_a = client::decode_endpoint(&info_b).ok_or(ViaError::NotReachable)?;
+    let seen_by_b = client::decode_endpoint(&info_a).ok_or(ViaError::NotReachable)?;
+    finish(a, Linked { link: Link::Net(net_link(a, port_a, key_a, &seen_by_a)), peer: endpoint_of(&seen_by_a) });
+    finish(b, Linked { link: Link::Net(net_link(b, port_b, key_b, &seen_by_b)), peer: endpoint_of(&seen_by_b) });
+    Ok(())
+}
+
 /// `VipConnectRequest`: returns the server's endpoint.
 pub fn connect_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<Endpoint> {
     if timeout_ms == 0 {

@@ -22,6 +22,8 @@ pub mod peer_channel;
 pub mod progress;
 mod queue_lock;
 pub mod settings;
+#[cfg(test)]
+mod sim;
 pub mod timeout;
 pub mod transport;
 pub mod tuning;

@@ -52,7 +52,9 @@ pub struct Nic {
     pub handle: Handle,
     /// The device, as the host agent resolved it.
     pub device: viad_client::client::DeviceInfo,
-    _session: viad_client::client::Session,
+    /// The host agent's session, held while the NIC is open (none in the
+    /// whole-provider simulator).
+    _session: Option<viad_client::client::Session>,
     /// Registered memory, its table published in `table`.
     pub registry: Registry,
     /// The completions this process's own threads make, one queue per CQ
@@ -136,6 +138,17 @@ impl Nic {
                 ViaError::Resource
             }
         })?;
+        Nic::build(info, Some(session), counters, None)
+    }
+
+    /// A NIC on the device `info` with the agent's `session`; `port`, if
+    /// given, is its network port from the start.
+    fn build(
+        info: viad_client::client::DeviceInfo,
+        session: Option<viad_client::client::Session>,
+        counters: crate::counters::Counters,
+        port: Option<Arc<crate::transport::udp::NetPort>>,
+    ) -> ViaResult<(Handle, Arc<Nic>)> {
         let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
         let bell = Bell::create().map_err(|_| ViaError::Resource)?;
         let table = TableSegment::create().map_err(|_| ViaError::Resource)?;
@@ -168,7 +181,7 @@ impl Nic {
                     vi_count: AtomicUsize::new(0),
                     pin,
                     handler: parking_lot::RwLock::new(None),
-                    net_port: std::sync::OnceLock::new(),
+                    net_port: port.map_or_else(std::sync::OnceLock::new, std::sync::OnceLock::from),
                     counters,
                     closed: AtomicBool::new(false),
                     closing: closing.clone(),
@@ -182,6 +195,26 @@ impl Nic {
                 }
                 ViaError::Resource
             })
+    }
+
+    /// A NIC of the whole-provider simulator: host `wire.host`'s, on its
+    /// simulated wire, without a host agent.
+    #[cfg(test)]
+    pub(crate) fn simulated(wire: Arc<crate::transport::udp::sim_wire::SimWire>) -> ViaResult<(Handle, Arc<Nic>)> {
+        let addr = match crate::transport::udp::sim_wire::addr_of(wire.host).ip() {
+            std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
+            std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
+        };
+        let info = viad_client::client::DeviceInfo {
+            name: format!("via_sim{}", wire.host),
+            interface: format!("sim{}", wire.host),
+            host_addr: addr,
+            host_addr6: None,
+            mtu: 1500,
+        };
+        let counters = crate::counters::Counters::new(&format!("sim{}", wire.host));
+        let port = crate::transport::udp::NetPort::simulated(wire, info.mtu as usize, &counters);
+        Nic::build(info, None, counters, Some(port))
     }
 
     /// `VipDeregisterMem`, a fence: once it returns, no peer's copy lands

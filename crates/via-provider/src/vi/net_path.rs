@@ -362,7 +362,7 @@ impl Vi {
                                 item.finish(rules.registry, status, length);
                             } else if !reliable && item.op == STATUS_OP_RDMA_WRITE {
                                 // The answer may be lost on an unreliable VI: do not wait for ever.
-                                item.give_up = Some(std::time::Instant::now() + UNANSWERED_WRITE);
+                                item.give_up = Some(crate::clock::now() + UNANSWERED_WRITE);
                                 f.deadline = item.give_up;
                             }
                         }

@@ -27,6 +27,8 @@ pub(crate) mod ether;
 pub(crate) mod neighbours;
 pub(crate) mod peer_socket;
 pub(crate) mod send;
+#[cfg(test)]
+pub(crate) mod sim_wire;
 
 use crate::counters::{Counter, Counters};
 use crate::progress;
@@ -131,6 +133,10 @@ pub struct NetPort {
     /// When the sessions' earliest timer is due (ns since `epoch_ns`), for
     /// the application's polls, which run the timers while they go on.
     timers_due_ns: AtomicU64,
+    /// In the whole-provider simulator, the simulated wire that takes the
+    /// place of the sockets (`NetPort::simulated`).
+    #[cfg(test)]
+    sim: Option<Arc<sim_wire::SimWire>>,
 }
 
 /// How long after the application's last poll the helper thread takes
@@ -343,6 +349,8 @@ impl NetPort {
             handover: Handover::default(),
             token: AtomicU64::new(0),
             timers_due_ns: AtomicU64::new(0),
+            #[cfg(test)]
+            sim: None,
         });
         // The engine holds the port weakly: it serves it while it lives.
         let token = progress::register(Arc::downgrade(&port) as Weak<dyn progress::Source>, true);
@@ -350,6 +358,53 @@ impl NetPort {
         port.handover.armed.store(true, Ordering::SeqCst);
         port.watch(progress::epoll_fd(), token);
         Ok(port)
+    }
+
+    /// A port of the whole-provider simulator on `wire`: no helper thread
+    /// serves it (the simulator polls it and runs its timers) and its
+    /// packets go over the wire instead of a socket.  It still holds an
+    /// unused socket, so that everything else about it is a real port's.
+    #[cfg(test)]
+    pub(crate) fn simulated(wire: Arc<sim_wire::SimWire>, mtu: usize, counters: &Counters) -> Arc<NetPort> {
+        let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("a loopback socket");
+        let segment = segment_size(mtu, None);
+        Arc::new(NetPort {
+            socket,
+            watched: Mutex::new(Watched { fds: Vec::new(), epoll: None }),
+            local4: sim_wire::addr_of(wire.host),
+            local6: None,
+            dual_stack: false,
+            segment,
+            fixed_segment: false,
+            large_payload: large_payload(mtu),
+            mtu,
+            gso: AtomicBool::new(false),
+            gro: false,
+            gso_buffers: AtomicU64::new(0),
+            gro_buffers: AtomicU64::new(0),
+            ether: None,
+            vis: RwLock::new(HashMap::default()),
+            engine: Mutex::new(Engine {
+                endpoint: Endpoint::new(segment),
+                input: Input { batch: Batch::new(1, HEADER_LEN + segment + 1, false), landing: None },
+                frame_slot: 0,
+                peers: Vec::new(),
+                idle_polls: 0,
+            }),
+            counters: counters.clone(),
+            handover: Handover::default(),
+            token: AtomicU64::new(0),
+            timers_due_ns: AtomicU64::new(0),
+            sim: Some(wire),
+        })
+    }
+
+    /// Whether this port is the simulator's.
+    fn is_simulated(&self) -> bool {
+        #[cfg(test)]
+        return self.sim.is_some();
+        #[cfg(not(test))]
+        false
     }
 
     /// Arms the one-shot report of the sockets again (the caller has set
@@ -397,6 +452,9 @@ impl NetPort {
     /// it; `None` if none can be opened (the link then sends and receives
     /// on the unconnected socket).
     pub(crate) fn connect_peer(&self, peer: SocketAddr) -> Option<Arc<PeerSocket>> {
+        if self.is_simulated() {
+            return None;
+        }
         // An IPv4 peer gets an IPv4 socket: the kernel's IPv6 socket layer
         // costs a dual-stack socket time on every datagram.
         let port = self.socket.local_addr().ok()?.port();
@@ -467,7 +525,7 @@ impl NetPort {
         if at < self.timers_due_ns.load(Ordering::Relaxed) {
             self.timers_due_ns.fetch_min(at, Ordering::Relaxed);
         }
-        if !self.handover.app_is_polling() {
+        if !self.handover.app_is_polling() && !self.is_simulated() {
             progress::kick_before(deadline);
         }
     }
@@ -476,7 +534,7 @@ impl NetPort {
     /// thread: while it polls, the helper thread sleeps through them
     /// rather than wake on its CPU.
     fn run_due_timers(&self) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         if ns_since_epoch(now) < self.timers_due_ns.load(Ordering::Relaxed) {
             return;
         }
@@ -504,6 +562,15 @@ impl NetPort {
     pub fn poll(&self, everything: bool) -> bool {
         let Some(mut engine) = self.engine.try_lock() else { return false };
         let engine = &mut *engine;
+        #[cfg(test)]
+        if let Some(wire) = &self.sim {
+            let busy = engine.endpoint.poll(&mut *wire.arrived.lock(), &mut PortRoutes(self), everything);
+            self.count(engine.endpoint.take_tally());
+            if !busy && !everything {
+                self.run_due_timers();
+            }
+            return true;
+        }
         // A socket only the port still holds has no link left: it leaves
         // the epoll set before it is closed (its number may be reused).
         if engine.peers.iter().any(|s| Arc::strong_count(s) == 1) {
@@ -737,6 +804,12 @@ impl NetPort {
     /// calls as possible: one `sendmmsg`, whose messages each carry a run of
     /// equal-size packets as one GSO buffer where the port may use GSO.
     fn send_all(&self, to: SocketAddr, connected: Option<&PeerSocket>, packets: &OutPackets) {
+        #[cfg(test)]
+        if let Some(wire) = &self.sim {
+            wire.send(to, packets.from(0));
+            self.counters.add(Counter::PacketsSent, packets.len() as u64);
+            return;
+        }
         let (to, headers) = self.destination(to);
         // The address only for the unconnected socket: a sockaddr_storage
         // is 128 bytes to fill.
@@ -1068,7 +1141,7 @@ impl NetLink {
             local_vi: local.vi,
             placed_acks,
             state: Mutex::new(NetState {
-                session: Session::new(config, local, remote, Instant::now()),
+                session: Session::new(config, local, remote, crate::clock::now()),
                 outbound: Outbound::default(),
                 registry_of: None,
                 out: OutPackets::default(),

@@ -161,7 +161,7 @@ pub(crate) struct Packets<'a> {
 }
 
 impl<'a> Packets<'a> {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.built.len()
     }
 
@@ -178,6 +178,21 @@ impl<'a> Packets<'a> {
     pub(crate) fn whole(&self, i: usize) -> Option<&'a [u8]> {
         let b = &self.built[i];
         (b.first_piece == b.end_piece).then(|| &self.bytes[self.begin(i)..b.end])
+    }
+
+    /// Packet `i`'s bytes, gathered into one buffer.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self, i: usize) -> Vec<u8> {
+        let mut iovecs = Vec::new();
+        self.iovecs(i, 1, &mut iovecs);
+        let mut bytes = Vec::with_capacity(self.built[i].len);
+        for v in iovecs {
+            // SAFETY: each iovec is a part of this buffer or a piece of a
+            // registered buffer checked before the packet was built, as
+            // for `sendmsg`.
+            bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) });
+        }
+        bytes
     }
 
     /// Appends the iovecs of packets `i..i + count` to `out`: the bytes

@@ -1,0 +1,270 @@
+//! The whole-provider simulator (tests only): several hosts in one
+//! process, each an open NIC of this provider with its own network port,
+//! joined by `via_reliable::netsim`'s simulated network and fault
+//! injector, on a virtual clock, in one thread.
+//!
+//! Everything above the datapath is the provider's own code: VIs, work
+//! queues, descriptors, CQs, the ports' endpoints and sessions, the
+//! connection's endpoints as they travel in a connection request.  What
+//! is simulated is what lies outside the process: the wire (a port's
+//! `SimWire` in place of its sockets), time (`clock::simulated`), the
+//! helper thread (`Sim::step` reads the ports and runs their timers as it
+//! would) and the host agents' rendezvous (`connect::link_directly`).
+//! `workload` drives it through the VIPL operations with seeded random
+//! workloads and checks the specification's semantics.
+
+pub(crate) mod workload;
+
+use crate::clock::simulated;
+use crate::handles::Handle;
+use crate::nic::Nic;
+use crate::transport::udp::sim_wire::SimWire;
+use crate::transport::udp::NetPort;
+use crate::vi::Vi;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use via_core::error::ViaResult;
+use via_reliable::netsim::{FaultInjector, Faults, NetConfig, NetStats, SimNet, MAX_HOSTS};
+use via_reliable::sim::SimRng;
+
+/// How far virtual time moves when nothing at all is pending: the
+/// application is waiting for something that will not come, and its
+/// workload's time limit must still be reached.
+const IDLE_TICK: Duration = Duration::from_millis(1);
+
+/// One simulated host: its NIC, the NIC's port and the wire under it.
+struct Host {
+    nic: Arc<Nic>,
+    handle: Handle,
+    port: Arc<NetPort>,
+    wire: Arc<SimWire>,
+    dead: bool,
+}
+
+/// The simulated world: hosts, the network between them, virtual time.
+pub(crate) struct Sim {
+    hosts: Vec<Host>,
+    net: SimNet,
+    faults: FaultInjector,
+    rng: SimRng,
+    /// The earliest timer of the live hosts' sessions, as last run.
+    next_timer: Option<Instant>,
+}
+
+impl Sim {
+    /// `hosts` hosts (2 to 4), each with one open NIC, and a network that
+    /// misbehaves as `faults` says, its delays drawn from `seed`.
+    pub(crate) fn new(seed: u64, hosts: usize, faults: Faults) -> Sim {
+        assert!((2..=MAX_HOSTS).contains(&hosts), "2 to {MAX_HOSTS} hosts");
+        let mut rng = SimRng::new(seed ^ 0x5EED_0F_5111);
+        let config = random_net(&mut rng);
+        let net = SimNet::new(config.clone());
+        simulated::set(Some(net.now));
+        let hosts = (0..hosts)
+            .map(|h| {
+                let wire = Arc::new(SimWire::new(h, hosts));
+                let (handle, nic) = Nic::simulated(wire.clone()).expect("a simulated NIC");
+                let port = nic.port().expect("its port");
+                Host { nic, handle, port, wire, dead: false }
+            })
+            .collect::<Vec<_>>();
+        // Misdirected packets go to VI ids nobody has, or to another host.
+        let faults = FaultInjector::new(faults, vec![Vec::new(); hosts.len()], &config);
+        Sim { hosts, net, faults, rng, next_timer: None }
+    }
+
+    /// Host `h`'s NIC.
+    pub(crate) fn nic(&self, h: usize) -> &Arc<Nic> {
+        &self.hosts[h].nic
+    }
+
+    /// Connects `a` and `b` (idle VIs of two different hosts, with
+    /// attributes that match, as the connection manager would require):
+    /// both are connected when it returns.
+    pub(crate) fn connect(&mut self, a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
+        simulated::set(Some(self.net.now));
+        crate::connect::link_directly(a, b)
+    }
+
+    /// Moves the world on by one event: packets that are due arrive, every
+    /// live host's port reads them and runs its timers, what the hosts sent
+    /// enters the network; if nothing was due, virtual time jumps to the
+    /// next arrival or timer.
+    pub(crate) fn step(&mut self) {
+        simulated::set(Some(self.net.now));
+        // What the application sent since the last step leaves first.
+        self.carry();
+        let mut arrived = false;
+        while let Some(packet) = self.net.pop_due() {
+            arrived = true;
+            let host = &self.hosts[packet.to];
+            if !host.dead {
+                host.wire.arrived.lock().arrive(packet);
+            }
+        }
+        // The helper thread's part: read the ports, run the sessions' timers.
+        let now = self.net.now;
+        self.next_timer = None;
+        for host in self.hosts.iter().filter(|h| !h.dead) {
+            host.port.poll(true);
+            let next = host.port.run_timers(now);
+            self.next_timer = self.next_timer.into_iter().chain(next).min();
+        }
+        self.carry();
+        if !arrived {
+            let next = self.net.next_arrival().into_iter().chain(self.next_timer).min();
+            self.net.now = match next {
+                Some(t) if t > now => t,
+                Some(_) => now,
+                None => now + IDLE_TICK,
+            };
+            simulated::set(Some(self.net.now));
+        }
+    }
+
+    /// Hands what the live hosts sent to the network, through the faults.
+    fn carry(&mut self) {
+        for (h, host) in self.hosts.iter().enumerate() {
+            let sent = host.wire.sent.lock().take();
+            if host.dead {
+                continue;
+            }
+            for out in sent {
+                self.faults.send(&mut self.rng, &mut self.net, h, out);
+            }
+        }
+    }
+
+    /// Virtual time since the start.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.net.elapsed()
+    }
+
+    /// Host `h` dies: every packet from or to it is lost from now on, and
+    /// its port is read no more.
+    pub(crate) fn kill(&mut self, h: usize) {
+        self.hosts[h].dead = true;
+        self.net.drop_host(h);
+    }
+
+    /// What the network did to the packets.
+    pub(crate) fn stats(&self) -> NetStats {
+        self.net.stats
+    }
+}
+
+impl Drop for Sim {
+    /// Closes every host's NIC, which destroys its VIs, CQs and tags, so
+    /// that the process's tables have room for the next simulation.
+    fn drop(&mut self) {
+        for host in &self.hosts {
+            let _ = crate::close_nic(host.handle);
+        }
+        simulated::set(None);
+    }
+}
+
+/// A network of random delays: datagrams take 4 µs to 5 ms.
+fn random_net(r: &mut SimRng) -> NetConfig {
+    let delay_min = Duration::from_micros(r.range(4, 500));
+    let delay_max = delay_min + Duration::from_micros(r.range(0, 5000));
+    NetConfig { delay_min, delay_max, frame_min: delay_min / 2, frame_max: delay_min }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vi::ViAttrs;
+    use via_core::consts::*;
+    use via_core::descriptor::DescPtr;
+    use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
+
+    /// Registered memory of one host: descriptors, then data.
+    struct Memory {
+        base: usize,
+        layout: std::alloc::Layout,
+        mem: u32,
+    }
+
+    impl Drop for Memory {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { std::alloc::dealloc(self.base as *mut u8, self.layout) }
+        }
+    }
+
+    impl Memory {
+        fn new(nic: &Nic, ptag: u32, len: usize) -> Memory {
+            let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+            // SAFETY: a layout of nonzero size.
+            let base = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
+            let mem = nic
+                .registry
+                .register(base as u64, len as u64, ptag, REGION_RDMA_WRITE | REGION_RDMA_READ, false)
+                .unwrap();
+            Memory { base, layout, mem }
+        }
+        fn at(&self, offset: usize) -> usize {
+            self.base + offset
+        }
+        /// A one-segment send or receive descriptor at `offset` for
+        /// `len` bytes at `data`.
+        fn descriptor(&self, offset: usize, data: usize, len: u32) -> DescPtr {
+            let d = self.at(offset);
+            // SAFETY: both lie in `bytes`.
+            unsafe {
+                std::ptr::write_bytes(d as *mut u8, 0, 48);
+                *((d + 12) as *mut u16) = 1;
+                *((d + 24) as *mut u32) = len;
+                *((d + 32) as *mut u64) = self.at(data) as u64;
+                *((d + 40) as *mut u32) = self.mem;
+                *((d + 44) as *mut u32) = len;
+            }
+            DescPtr(d)
+        }
+    }
+
+    fn vi(nic: &Arc<Nic>, ptag: Handle, reliability: u16) -> Arc<Vi> {
+        let attrs = ViAttrs { reliability, max_transfer: 65536, ptag, rdma_write: true, rdma_read: true };
+        Vi::get(Vi::create(nic, attrs, None, None).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_message_crosses_a_lossy_simulated_network() {
+        let faults =
+            Faults { loss: 0.1, duplicate: 0.05, reorder: 0.1, corrupt: 0.02, misdirect: 0.0, partition: None };
+        let (mut lost, mut retransmits) = (0, 0);
+        for seed in 0..20 {
+            let mut sim = Sim::new(seed, 2, faults.clone());
+            let (na, nb) = (sim.nic(0).clone(), sim.nic(1).clone());
+            let (ta, tb) = (na.create_ptag().unwrap(), nb.create_ptag().unwrap());
+            let (a, b) = (vi(&na, ta, SERVICE_RELIABLE_DELIVERY), vi(&nb, tb, SERVICE_RELIABLE_DELIVERY));
+            sim.connect(&a, &b).unwrap();
+            let ma = Memory::new(&na, na.ptag(ta).unwrap().id, 1 << 16);
+            let mb = Memory::new(&nb, nb.ptag(tb).unwrap().id, 1 << 16);
+            let sent: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + seed as u32) as u8).collect();
+            // SAFETY: within `ma`.
+            unsafe { std::ptr::copy_nonoverlapping(sent.as_ptr(), ma.at(4096) as *mut u8, sent.len()) };
+            b.post_recv(mb.descriptor(0, 4096, 30_000), mb.mem).unwrap();
+            a.post_send(ma.descriptor(0, 4096, sent.len() as u32), ma.mem).unwrap();
+            let (mut send_done, mut recv_done) = (None, None);
+            while send_done.is_none() || recv_done.is_none() {
+                assert!(sim.elapsed() < Duration::from_secs(30), "seed {seed}: no completion");
+                send_done = send_done.or(a.send_done().ok());
+                recv_done = recv_done.or(b.recv_done().ok());
+                sim.step();
+            }
+            assert_eq!(send_done.unwrap().status() & (STATUS_DONE | STATUS_ERROR_MASK), STATUS_DONE, "seed {seed}");
+            let r = recv_done.unwrap();
+            assert_eq!(r.status() & (STATUS_DONE | STATUS_ERROR_MASK), STATUS_DONE, "seed {seed}");
+            // SAFETY: within `mb`.
+            let got = unsafe { std::slice::from_raw_parts(mb.at(4096) as *const u8, sent.len()) };
+            assert!(got == &sent[..], "seed {seed}: the bytes differ");
+            assert!(sim.stats().sent > 14, "seed {seed}: {:?}", sim.stats());
+            lost += sim.stats().lost;
+            retransmits += na.counters.get(crate::counters::Counter::Retransmits);
+        }
+        // The network lost packets, and the sessions sent them again.
+        assert!(lost > 0 && retransmits >= lost, "{lost} lost, {retransmits} sent again");
+    }
+}
