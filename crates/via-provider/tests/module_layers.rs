@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Every module of `src`, by path (`vi`, `transport::udp::send`), with its
-/// source outside comments and tests.
+/// source outside comments and unit tests.
 fn modules(src: &Path) -> BTreeMap<String, String> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap().flatten() {
@@ -32,10 +32,17 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
             continue;
         }
         let text = std::fs::read_to_string(&f).unwrap();
-        let code: String = text
-            .lines()
-            .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
+        // Up to the unit tests (`#[cfg(test)] mod tests`): other items
+        // for tests only, the simulator's hooks among them, count.
+        let lines: Vec<&str> = text.lines().collect();
+        let tests_at = lines
+            .windows(2)
+            .position(|w| w[0].trim() == "#[cfg(test)]" && w[1].trim_start().starts_with("mod tests"))
+            .unwrap_or(lines.len());
+        let code: String = lines[..tests_at]
+            .iter()
             .filter(|l| !l.trim_start().starts_with("//"))
+            .copied()
             .collect::<Vec<_>>()
             .join("\n");
         out.insert(name, code);

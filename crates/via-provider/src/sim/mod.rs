@@ -56,7 +56,7 @@ impl Sim {
     /// misbehaves as `faults` says, its delays drawn from `seed`.
     pub(crate) fn new(seed: u64, hosts: usize, faults: Faults) -> Sim {
         assert!((2..=MAX_HOSTS).contains(&hosts), "2 to {MAX_HOSTS} hosts");
-        let mut rng = SimRng::new(seed ^ 0x5EED_0F_5111);
+        let mut rng = SimRng::new(seed ^ 0x005E_ED0F_5111);
         let config = random_net(&mut rng);
         let net = SimNet::new(config.clone());
         simulated::set(Some(net.now));
