@@ -540,7 +540,8 @@ pub(crate) fn link_directly(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
         abort(a);
         return Err(e);
     }
-    let identities = net_identity(a, &b.nic.device.host_addr).and_then(|x| Ok((x, net_identity(b, &a.nic.device.host_addr)?)));
+    let identities =
+        net_identity(a, &b.nic.device.host_addr).and_then(|x| Ok((x, net_identity(b, &a.nic.device.host_addr)?)));
     let ((port_a, key_a, info_a), (port_b, key_b, info_b)) = match identities {
         Ok(ids) => ids,
         Err(e) => {
