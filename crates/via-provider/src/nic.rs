@@ -200,7 +200,11 @@ impl Nic {
     /// A NIC of the whole-provider simulator: host `wire.host`'s, on its
     /// simulated wire, without a host agent.
     #[cfg(test)]
-    pub(crate) fn simulated(wire: Arc<crate::transport::udp::sim_wire::SimWire>) -> ViaResult<(Handle, Arc<Nic>)> {
+    /// With `large`, its port sends and takes large packets.
+    pub(crate) fn simulated(
+        wire: Arc<crate::transport::udp::sim_wire::SimWire>,
+        large: bool,
+    ) -> ViaResult<(Handle, Arc<Nic>)> {
         let addr = match crate::transport::udp::sim_wire::addr_of(wire.host).ip() {
             std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
             std::net::IpAddr::V6(ip) => ip.octets().to_vec(),
@@ -213,7 +217,7 @@ impl Nic {
             mtu: 1500,
         };
         let counters = crate::counters::Counters::new(&format!("sim{}", wire.host));
-        let port = crate::transport::udp::NetPort::simulated(wire, info.mtu as usize, &counters);
+        let port = crate::transport::udp::NetPort::simulated(wire, info.mtu as usize, large, &counters);
         Nic::build(info, None, counters, Some(port))
     }
 

@@ -364,8 +364,16 @@ impl NetPort {
     /// serves it (the simulator polls it and runs its timers) and its
     /// packets go over the wire instead of a socket.  It still holds an
     /// unused socket, so that everything else about it is a real port's.
+    /// With `large`, it sends and takes large packets as a port with both
+    /// offloads does, each one datagram on the simulated wire, as the
+    /// receiver's `UDP_GRO` puts it together.
     #[cfg(test)]
-    pub(crate) fn simulated(wire: Arc<sim_wire::SimWire>, mtu: usize, counters: &Counters) -> Arc<NetPort> {
+    pub(crate) fn simulated(
+        wire: Arc<sim_wire::SimWire>,
+        mtu: usize,
+        large: bool,
+        counters: &Counters,
+    ) -> Arc<NetPort> {
         let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("a loopback socket");
         let segment = segment_size(mtu, None);
         Arc::new(NetPort {
@@ -378,8 +386,8 @@ impl NetPort {
             fixed_segment: false,
             large_payload: large_payload(mtu),
             mtu,
-            gso: AtomicBool::new(false),
-            gro: false,
+            gso: AtomicBool::new(large),
+            gro: large,
             gso_buffers: AtomicU64::new(0),
             gro_buffers: AtomicU64::new(0),
             ether: None,
