@@ -55,8 +55,8 @@ pub(crate) struct Sim {
 
 impl Sim {
     /// `hosts` hosts (2 to 4), each with one open NIC, and a network that
-    /// misbehaves as `faults` says, its delays and whether the ports take
-    /// large packets drawn from `seed`.
+    /// misbehaves as `faults` says, its delays, whether the ports take
+    /// large packets and whether they have an Ethernet side drawn from `seed`.
     pub(crate) fn new(seed: u64, hosts: usize, faults: Faults) -> Sim {
         assert!((2..=MAX_HOSTS).contains(&hosts), "2 to {MAX_HOSTS} hosts");
         let mut rng = SimRng::new(seed ^ 0x005E_ED0F_5111);
@@ -66,9 +66,12 @@ impl Sim {
         // Half the seeds: ports with both offloads, whose sessions send
         // large packets where both ends take them.
         let large = rng.chance(0.5);
+        // Half the seeds: an Ethernet side beside the UDP port, whose
+        // frames take a faster path than datagrams and may overtake them.
+        let frames = rng.chance(0.5);
         let hosts = (0..hosts)
             .map(|h| {
-                let wire = Arc::new(SimWire::new(h, hosts));
+                let wire = Arc::new(SimWire::new(h, hosts, frames));
                 let (handle, nic) = Nic::simulated(wire.clone(), large).expect("a simulated NIC");
                 let port = nic.port().expect("its port");
                 Host { nic, handle, port, wire, dead: false }
@@ -288,15 +291,18 @@ mod tests {
 
     #[test]
     fn a_message_crosses_a_lossy_simulated_network() {
-        let (mut lost, mut retransmits) = (0, 0);
+        let (mut lost, mut retransmits, mut frames) = (0, 0, 0);
         for seed in 0..20 {
             let (stats, _, again) = one_message(seed);
             assert!(stats.delivered >= 2, "seed {seed}: {stats:?}");
             lost += stats.lost;
             retransmits += again;
+            frames += stats.frames;
         }
-        // The network lost packets, and the sessions sent them again.
+        // The network lost packets, and the sessions sent them again; some
+        // packets went as frames.
         assert!(lost > 0 && retransmits >= lost, "{lost} lost, {retransmits} sent again");
+        assert!(frames > 0);
     }
 
     #[test]

@@ -776,7 +776,39 @@ impl NetPort {
 
     /// The Ethernet address where this port takes frames, if it does.
     pub fn local_ether(&self) -> Option<[u8; MAC_LEN]> {
+        #[cfg(test)]
+        if let Some(wire) = self.sim.as_ref().filter(|w| w.frames) {
+            return Some(sim_wire::mac_of(wire.host));
+        }
         self.ether.as_ref().map(|e| e.mac)
+    }
+
+    /// Whether this port's Ethernet side reaches `peer` at `mac` directly.
+    fn reaches_by_frame(&self, peer: SocketAddr, mac: [u8; MAC_LEN]) -> bool {
+        #[cfg(test)]
+        if let Some(wire) = &self.sim {
+            return wire.frames && sim_wire::host_of_mac(mac).is_some();
+        }
+        self.ether.as_ref().is_some_and(|ether| ether.on_link(peer.ip(), mac))
+    }
+
+    /// The longest packet a frame of this port carries, if it sends frames.
+    fn max_frame(&self) -> Option<usize> {
+        #[cfg(test)]
+        if let Some(wire) = &self.sim {
+            return wire.frames.then_some(self.mtu);
+        }
+        self.ether.as_ref().map(|ether| ether.max_packet)
+    }
+
+    /// Sends `packet` as a frame to port `port` at `mac`; false if it
+    /// could not go.
+    fn send_frame(&self, mac: [u8; MAC_LEN], port: u16, packet: &[u8]) -> bool {
+        #[cfg(test)]
+        if let Some(wire) = &self.sim {
+            return wire.send_frame(mac, packet);
+        }
+        self.ether.as_ref().is_some_and(|ether| ether.send(mac, port, packet))
     }
 
     /// Segmentation offload on this port: whether sends use GSO, whether
@@ -1133,8 +1165,8 @@ impl NetLink {
         remote: via_reliable::Peer,
         placed_acks: bool,
     ) -> NetLink {
-        let frames_to = match (&port.ether, peer_ether) {
-            (Some(ether), Some(mac)) if config.reliable && config.payload_crc && ether.on_link(peer.ip(), mac) => {
+        let frames_to = match peer_ether {
+            Some(mac) if config.reliable && config.payload_crc && port.reaches_by_frame(peer, mac) => {
                 Some((mac, peer.port()))
             }
             _ => None,
@@ -1270,13 +1302,14 @@ impl NetState {
     /// and the packet is the only one in flight, so a frame never overtakes
     /// an earlier packet sent over UDP.  Returns whether it went.
     fn send_frame(&mut self, link: &NetLink, lone: bool, fresh: bool, seq: Option<u32>) -> bool {
-        let (Some((mac, port)), Some(ether)) = (link.frames_to, link.port.ether.as_ref()) else { return false };
+        let Some((mac, port)) = link.frames_to else { return false };
+        let Some(max) = link.port.max_frame() else { return false };
         let Some(packet) = self.out.from(0).whole(0) else { return false };
         let open = !self.session.is_closed();
-        if !self.frames.may_send(lone, fresh, open, self.session.in_flight(), packet.len(), ether.max_packet) {
+        if !self.frames.may_send(lone, fresh, open, self.session.in_flight(), packet.len(), max) {
             return false;
         }
-        if !ether.send(mac, port, packet) {
+        if !link.port.send_frame(mac, port, packet) {
             return false;
         }
         self.frames.sent_frame(seq);
