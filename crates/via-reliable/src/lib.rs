@@ -385,6 +385,35 @@ enum Control {
     Disconnect,
 }
 
+/// The packet that ended a session with a word to its peer, a BREAK or a
+/// DISCONNECT ([`Session::last_word`]), to be said again.  It goes once,
+/// and the network may lose it; a peer that never heard it goes on
+/// retransmitting until it gives up, and then takes every message it sent
+/// for lost, those this end placed among them, against what the BREAK's
+/// acknowledgement would have told it.  So the session's owner keeps the
+/// word after the session, for as long as the peer may retransmit, and
+/// sends it again to each batch of the peer's packets that
+/// [`LastWord::answers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastWord {
+    /// The word as it went, acknowledgement included.
+    pub header: Header,
+    local: Peer,
+    remote: Peer,
+}
+
+impl LastWord {
+    /// Whether `incoming` is owed the word again: a packet of the ended
+    /// connection (from the peer's VI, to this end's, with this end's key)
+    /// other than the peer's own last word, which needs no answer.
+    pub fn answers(&self, incoming: &Header) -> bool {
+        incoming.key == self.local.key
+            && incoming.dst_vi == self.local.vi
+            && incoming.src_vi == self.remote.vi
+            && !matches!(incoming.kind, Kind::Break | Kind::Disconnect)
+    }
+}
+
 /// Serial-number difference: positive when `a` is after `b`.
 fn diff(a: u32, b: u32) -> i32 {
     a.wrapping_sub(b) as i32
@@ -400,6 +429,8 @@ pub struct Session {
     remote: Peer,
     closed: bool,
     control: Option<Control>,
+    /// The BREAK or DISCONNECT that ended the session, once sent.
+    last_word: Option<LastWord>,
     events: VecDeque<Event>,
     stats: Stats,
 
@@ -471,6 +502,7 @@ impl Session {
             remote,
             closed: false,
             control: None,
+            last_word: None,
             events: VecDeque::new(),
             stats: Stats::default(),
             next_msg: 1,
@@ -844,6 +876,12 @@ impl Session {
         self.closed
     }
 
+    /// The BREAK or DISCONNECT that ended the session, once it has gone:
+    /// what its owner says again to the peer's later packets.
+    pub fn last_word(&self) -> Option<LastWord> {
+        self.last_word
+    }
+
     /// The session's counters.
     pub fn stats(&self) -> Stats {
         Stats { srtt: self.rtt.srtt(), rto: self.rtt.rto(), ..self.stats }
@@ -925,7 +963,9 @@ impl Session {
         let mut h = self.header(kind, 0, self.snd_nxt);
         h.status = status;
         self.snd_nxt = self.snd_nxt.wrapping_add(1);
-        self.emit(h, None)
+        let t = self.emit(h, None);
+        self.last_word = Some(LastWord { header: t.header, local: self.local, remote: self.remote });
+        t
     }
 
     fn retransmission(&mut self, now: Instant) -> Option<Transmit> {

@@ -358,6 +358,41 @@ fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
 }
 
 #[test]
+fn a_lost_break_is_said_again_to_the_peers_retransmission() {
+    let t0 = Instant::now();
+    let (mut a, mut b, p) = three_one_packet_messages(t0);
+    b.hold_acks();
+    for t in &p {
+        deliver(&mut b, t0, t);
+    }
+    b.close_refusing(p[1].header.seq, 7);
+    let out = drain(&mut b, t0);
+    assert_eq!(out.len(), 1);
+    let word = b.last_word().expect("the BREAK went");
+    assert_eq!(word.header, out[0].header);
+    // The BREAK is lost: `a` hears nothing and sends its packets again.
+    let t = a.poll_timeout().unwrap();
+    a.handle_timeout(t);
+    let again = drain(&mut a, t);
+    assert!(!again.is_empty());
+    for r in &again {
+        let (h, _) = parsed(r);
+        assert!(word.answers(&h), "{h:?} is a packet of the ended connection");
+    }
+    // The owner of `b` says the word again; `a` completes what `b` placed.
+    deliver(&mut a, t, &Transmit { header: word.header, payload: None });
+    assert_eq!(events(&mut a), [Event::Sent { token: 1 }, Event::Broken(BreakReason::PeerBreak(7))]);
+    // No answer to another connection's packets, nor to the peer's own last word.
+    let (h, _) = parsed(&again[0]);
+    assert!(!word.answers(&Header { key: h.key ^ 1, ..h }));
+    assert!(!word.answers(&Header { src_vi: h.src_vi + 1, ..h }));
+    assert!(!word.answers(&Header { kind: Kind::Break, ..h }));
+    assert!(!word.answers(&Header { kind: Kind::Disconnect, ..h }));
+    // A session that ended without a word (the peer's break) keeps none.
+    assert_eq!(a.last_word(), None);
+}
+
+#[test]
 fn sack_spares_received_packets_from_retransmission() {
     let t0 = Instant::now();
     let config = Config { max_payload: 10, ..Config::default() };
