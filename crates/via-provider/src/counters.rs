@@ -65,6 +65,9 @@ pub enum Counter {
     /// Ring slots carrying pieces of messages too large for one slot, on
     /// such connections.
     RingPieces,
+    /// Ended connections' last words said again to a peer that went on
+    /// retransmitting (`NetPort::answer_ended`).
+    LastWordsRepeated,
     // Stage timings of the data path, kept only with `VIA_PROFILE`.
     /// Nanoseconds inside `VipPostSend`.
     PostSendNs,
@@ -95,7 +98,7 @@ pub enum Counter {
 }
 
 /// Names, in the order of [`Counter`].
-pub const NAMES: [&str; 37] = [
+pub const NAMES: [&str; 38] = [
     "msgs_sent",
     "msgs_received",
     "bytes_sent",
@@ -120,6 +123,7 @@ pub const NAMES: [&str; 37] = [
     "packets_in_place",
     "ring_connections",
     "ring_pieces",
+    "last_words_repeated",
     "post_send_ns",
     "post_send_calls",
     "validate_ns",

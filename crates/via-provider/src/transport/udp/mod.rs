@@ -48,7 +48,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
 use via_reliable::endpoint::{Arrivals, Beside, Datapath, Endpoint, FrameChoice, Routes, Tally};
-use via_reliable::{BreakReason, Config, Event, Segment, Session};
+use via_reliable::{BreakReason, Config, Event, LastWord, Segment, Session};
 use via_wire::frame::{Frame, MAC_LEN};
 use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
 use viad_client::client::DeviceInfo;
@@ -86,6 +86,20 @@ pub(crate) const MAX_DATAGRAM: usize = 65507;
 const IP4_UDP_HEADERS: usize = 28;
 const IP6_UDP_HEADERS: usize = 48;
 
+/// How long a port says an ended connection's last word again: longer
+/// than a peer that never heard it retransmits before it gives up (its
+/// idle timeout, 10 s by default).
+const LINGER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A connection of the port that ended with a word to its peer
+/// ([`LastWord`]): VI id `vi`'s, whose peer is at `peer`, until `until`.
+struct Ended {
+    vi: u32,
+    word: LastWord,
+    peer: SocketAddr,
+    until: Instant,
+}
+
 /// The UDP sockets of one NIC: one unconnected, and one connected to each
 /// peer (`peer_socket`).
 pub struct NetPort {
@@ -121,6 +135,9 @@ pub struct NetPort {
     /// The port's Ethernet side, where the process may open it (`ether`).
     ether: Option<EtherSocket>,
     vis: RwLock<HashMap<u32, Weak<dyn NetReceiver>, BuildHasherDefault<IdHasher>>>,
+    /// Connections of this port that ended with a word to the peer, kept to
+    /// say it again to the peer's retransmissions (`Ended`).
+    ended: Mutex<Vec<Ended>>,
     /// Held while draining the sockets, so packets of one VI are handled in order.
     engine: Mutex<Engine>,
     /// The NIC's counters.
@@ -338,6 +355,7 @@ impl NetPort {
             gro_buffers: AtomicU64::new(0),
             ether,
             vis: RwLock::new(HashMap::default()),
+            ended: Mutex::new(Vec::new()),
             engine: Mutex::new(Engine {
                 endpoint: Endpoint::new(segment),
                 input: Input { batch: Batch::new(tuning().recv_batch, buffer, gro), landing: None },
@@ -392,6 +410,7 @@ impl NetPort {
             gro_buffers: AtomicU64::new(0),
             ether: None,
             vis: RwLock::new(HashMap::default()),
+            ended: Mutex::new(Vec::new()),
             engine: Mutex::new(Engine {
                 endpoint: Endpoint::new(segment),
                 input: Input { batch: Batch::new(1, HEADER_LEN + segment + 1, false), landing: None },
@@ -508,12 +527,41 @@ impl NetPort {
 
     /// Routes packets for VI id `vi` to `target`.
     pub(crate) fn register(&self, vi: u32, target: Weak<dyn NetReceiver>) {
+        self.ended.lock().retain(|e| e.vi != vi);
         self.vis.write().insert(vi, target);
     }
 
-    /// Stops routing packets to VI id `vi`.
-    pub fn unregister(&self, vi: u32) {
+    /// Stops routing packets to VI id `vi`, whose connection ended; with
+    /// `last`, the word it ended with and the peer it went to, said again
+    /// to the peer's packets for a while.
+    pub fn unregister(&self, vi: u32, last: Option<(LastWord, SocketAddr)>) {
+        if let Some((word, peer)) = last {
+            let now = crate::clock::now();
+            let mut ended = self.ended.lock();
+            ended.retain(|e| e.until > now && e.vi != vi);
+            ended.push(Ended { vi, word, peer, until: now + LINGER });
+        }
         self.vis.write().remove(&vi);
+    }
+
+    /// Packets came for VI id `vi`, which has no connection: if they are
+    /// the retransmissions of a peer whose connection with it ended, the
+    /// peer hears its last word again (once for the batch).
+    fn answer_ended(&self, vi: u32, packets: &[(Header, &[u8])]) {
+        let answer = {
+            let ended = self.ended.lock();
+            ended
+                .iter()
+                .find(|e| e.vi == vi && packets.iter().any(|(h, _)| e.word.answers(h)))
+                .filter(|e| e.until > crate::clock::now())
+                .map(|e| (e.word.header, e.peer))
+        };
+        if let Some((header, peer)) = answer {
+            let mut out = OutPackets::default();
+            out.push(&via_reliable::Transmit { header, payload: None }, None);
+            self.send_all(peer, None, &out);
+            self.counters.add(Counter::LastWordsRepeated, 1);
+        }
     }
 
     /// The application polls: drains the sockets, and tells the helper
@@ -954,6 +1002,7 @@ impl Routes for PortRoutes<'_> {
         let target = self.0.vis.read().get(&id).and_then(Weak::upgrade);
         if target.is_none() {
             tracing::debug!(vi = id, "packets for an unknown VI");
+            self.0.answer_ended(id, packets);
         }
         Some(target?.net_input(packets, frame, app_away))
     }
@@ -1547,8 +1596,9 @@ impl NetLink {
         tracing::info!(vi = self.local_vi, peer = %self.peer, stats = ?st.session.stats(), offload = ?self.port.offload(), frames = ?st.frames, payload_crc = st.session.config().payload_crc, "network VI disconnected");
         st.session.disconnect();
         st.flush(self, &mut NetEvents::new());
+        let last = st.session.last_word().map(|w| (w, self.peer));
         drop(st);
-        self.port.unregister(self.local_vi);
+        self.port.unregister(self.local_vi, last);
     }
 
     /// Breaks the connection, telling the peer `code` if given; stops routing.
@@ -1559,8 +1609,9 @@ impl NetLink {
             st.session.close(code);
         }
         st.flush(self, &mut NetEvents::new());
+        let last = st.session.last_word().map(|w| (w, self.peer));
         drop(st);
-        self.port.unregister(self.local_vi);
+        self.port.unregister(self.local_vi, last);
     }
 }
 
