@@ -64,10 +64,13 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    /// Creates and maps a fresh private inbox, populated (its fd is never
-    /// handed to anyone).
+    /// Creates and maps a fresh private inbox (its fd is never handed to
+    /// anyone).  Its pages are allocated queue by queue, when a CQ claims
+    /// its index: [`Inbox::reset`] writes the whole queue then, so the
+    /// data path takes no page fault, and a NIC with a few CQs holds a few
+    /// queues' pages rather than all 16 MiB.
     pub fn create() -> io::Result<Inbox> {
-        Self::wrap(SharedRegion::create("openvia-inbox", INBOX_SEGMENT_BYTES)?)
+        Self::wrap(SharedRegion::create_lazy("openvia-inbox", INBOX_SEGMENT_BYTES)?)
     }
 
     /// Creates a lane, for one peer to push into: its pages are allocated
