@@ -24,6 +24,7 @@
 
 mod batch;
 pub(crate) mod ether;
+mod last_words;
 pub(crate) mod neighbours;
 pub(crate) mod peer_socket;
 pub(crate) mod send;
@@ -34,6 +35,7 @@ use crate::counters::{Counter, Counters};
 use crate::progress;
 use crate::transport::udp::batch::{first_packet_len, Batch, GRO_BUFFER};
 use crate::transport::udp::ether::EtherSocket;
+use crate::transport::udp::last_words::LastWords;
 use crate::transport::udp::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::transport::udp::send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use crate::tuning::tuning;
@@ -86,20 +88,6 @@ pub(crate) const MAX_DATAGRAM: usize = 65507;
 const IP4_UDP_HEADERS: usize = 28;
 const IP6_UDP_HEADERS: usize = 48;
 
-/// How long a port says an ended connection's last word again: longer
-/// than a peer that never heard it retransmits before it gives up (its
-/// idle timeout, 10 s by default).
-const LINGER: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// A connection of the port that ended with a word to its peer
-/// ([`LastWord`]): VI id `vi`'s, whose peer is at `peer`, until `until`.
-struct Ended {
-    vi: u32,
-    word: LastWord,
-    peer: SocketAddr,
-    until: Instant,
-}
-
 /// The UDP sockets of one NIC: one unconnected, and one connected to each
 /// peer (`peer_socket`).
 pub struct NetPort {
@@ -135,9 +123,9 @@ pub struct NetPort {
     /// The port's Ethernet side, where the process may open it (`ether`).
     ether: Option<EtherSocket>,
     vis: RwLock<HashMap<u32, Weak<dyn NetReceiver>, BuildHasherDefault<IdHasher>>>,
-    /// Connections of this port that ended with a word to the peer, kept to
-    /// say it again to the peer's retransmissions (`Ended`).
-    ended: Mutex<Vec<Ended>>,
+    /// The last words of this port's ended connections, said again to
+    /// their peers' retransmissions.
+    ended: Mutex<LastWords>,
     /// Held while draining the sockets, so packets of one VI are handled in order.
     engine: Mutex<Engine>,
     /// The NIC's counters.
@@ -355,7 +343,7 @@ impl NetPort {
             gro_buffers: AtomicU64::new(0),
             ether,
             vis: RwLock::new(HashMap::default()),
-            ended: Mutex::new(Vec::new()),
+            ended: Mutex::new(LastWords::default()),
             engine: Mutex::new(Engine {
                 endpoint: Endpoint::new(segment),
                 input: Input { batch: Batch::new(tuning().recv_batch, buffer, gro), landing: None },
@@ -410,7 +398,7 @@ impl NetPort {
             gro_buffers: AtomicU64::new(0),
             ether: None,
             vis: RwLock::new(HashMap::default()),
-            ended: Mutex::new(Vec::new()),
+            ended: Mutex::new(LastWords::default()),
             engine: Mutex::new(Engine {
                 endpoint: Endpoint::new(segment),
                 input: Input { batch: Batch::new(1, HEADER_LEN + segment + 1, false), landing: None },
@@ -527,7 +515,7 @@ impl NetPort {
 
     /// Routes packets for VI id `vi` to `target`.
     pub(crate) fn register(&self, vi: u32, target: Weak<dyn NetReceiver>) {
-        self.ended.lock().retain(|e| e.vi != vi);
+        self.ended.lock().forget(vi);
         self.vis.write().insert(vi, target);
     }
 
@@ -536,10 +524,7 @@ impl NetPort {
     /// to the peer's packets for a while.
     pub fn unregister(&self, vi: u32, last: Option<(LastWord, SocketAddr)>) {
         if let Some((word, peer)) = last {
-            let now = crate::clock::now();
-            let mut ended = self.ended.lock();
-            ended.retain(|e| e.until > now && e.vi != vi);
-            ended.push(Ended { vi, word, peer, until: now + LINGER });
+            self.ended.lock().keep(vi, word, peer, crate::clock::now());
         }
         self.vis.write().remove(&vi);
     }
@@ -548,14 +533,7 @@ impl NetPort {
     /// the retransmissions of a peer whose connection with it ended, the
     /// peer hears its last word again (once for the batch).
     fn answer_ended(&self, vi: u32, packets: &[(Header, &[u8])]) {
-        let answer = {
-            let ended = self.ended.lock();
-            ended
-                .iter()
-                .find(|e| e.vi == vi && packets.iter().any(|(h, _)| e.word.answers(h)))
-                .filter(|e| e.until > crate::clock::now())
-                .map(|e| (e.word.header, e.peer))
-        };
+        let answer = self.ended.lock().answer(vi, packets, crate::clock::now());
         if let Some((header, peer)) = answer {
             let mut out = OutPackets::default();
             out.push(&via_reliable::Transmit { header, payload: None }, None);
