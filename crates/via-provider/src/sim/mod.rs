@@ -20,6 +20,7 @@ use crate::handles::Handle;
 use crate::nic::Nic;
 use crate::transport::udp::sim_wire::SimWire;
 use crate::transport::udp::NetPort;
+use crate::tuning::tuning;
 use crate::vi::Vi;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -77,6 +78,10 @@ impl Sim {
                 Host { nic, handle, port, wire, dead: false }
             })
             .collect::<Vec<_>>();
+        // Corruption stands for what the link's and UDP's checksums miss,
+        // which the payload CRC is for; a port that declined it rests on
+        // those checksums, which the simulated wire does not model.
+        let faults = Faults { corrupt: if tuning().payload_crc { faults.corrupt } else { 0.0 }, ..faults };
         // Misdirected packets go to VI ids nobody has, or to another host.
         let faults = FaultInjector::new(faults, vec![Vec::new(); hosts.len()], &config);
         Sim { hosts, net, faults, rng, next_timer: None, vis: Vec::new() }
