@@ -10,6 +10,9 @@
 #   workload         tests/c/workload.c between two hosts: seeded random
 #                    transfers on reliable VIs, every completion, byte and
 #                    flush checked
+#   break-loss       the workload again, every other BREAK dropped on the
+#                    way: the end that broke says it again to the peer's
+#                    retransmissions, and every check still holds
 #   ops-1500         tests/cluster/ops.c: every data operation, MTU 1500
 #   ops-9000         the same at MTU 9000
 #   deregistered     tests/cluster/gone.c: memory deregistered and unmapped
@@ -88,7 +91,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 workload ops-1500 ops-9000 deregistered alltoall start-order requester-killed two-agents cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 workload break-loss ops-1500 ops-9000 deregistered alltoall start-order requester-killed two-agents cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -221,6 +224,30 @@ case_acceptance() {
 case_workload() {
     up 2 || return 1
     pair workload "$logs/$tc" 300 "$out/workload" server "$OVC_RUN" -- "$out/workload" client "$OVC_RUN" h1
+}
+
+# A lost BREAK (docs/wire.md, "Ending a connection"): nftables rules at
+# the ingress of both hosts drop every other datagram of kind BREAK (byte
+# 3 of the UDP payload is 6), the first among them.  Sends too long for
+# their receive and sends without one break reliable connections in many
+# seeds; the peer, which did not hear the first BREAK, retransmits, and
+# the end that broke must say it again: the workload's checks hold (what
+# the target placed completes at the sender, the refused send with its
+# contract status), and the logs show the word said again.
+case_break_loss() {
+    command -v nft >/dev/null 2>&1 || { echo "no nft (nftables) to drop packets with"; return 77; }
+    up 2 || return 1
+    for h in 1 2; do
+        ingress_drop $h break_loss ip protocol udp @th,88,8 == 6 numgen inc mod 2 == 0 || return 1
+    done
+    base=$logs/$tc
+    pair workload "$base" 300 env VIA_LOG=via_provider=info "$out/workload" server "$OVC_RUN" \
+        -- env VIA_LOG=via_provider=info "$out/workload" client "$OVC_RUN" h1 || return 1
+    dropped=$(( $(ingress_dropped 1 break_loss) + $(ingress_dropped 2 break_loss) ))
+    again=$(cat "$base.h1" "$base.h2" | grep -c 'last word said again')
+    echo "BREAKs dropped: $dropped; last words said again: $again"
+    [ "$dropped" -gt 0 ] || { echo "the rules dropped no BREAK"; return 1; }
+    [ "$again" -gt 0 ] || { echo "no end said its last word again"; return 1; }
 }
 
 # ops MTU
@@ -665,6 +692,7 @@ run_one() {
     acceptance-1500) case_acceptance 1500 ;;
     acceptance-9000) case_acceptance 9000 ;;
     workload) case_workload ;;
+    break-loss) case_break_loss ;;
     ops-1500) case_ops 1500 ;;
     ops-9000) case_ops 9000 ;;
     deregistered) case_deregistered ;;

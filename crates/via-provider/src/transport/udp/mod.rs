@@ -535,6 +535,7 @@ impl NetPort {
     fn answer_ended(&self, vi: u32, packets: &[(Header, &[u8])]) {
         let answer = self.ended.lock().answer(vi, packets, crate::clock::now());
         if let Some((header, peer)) = answer {
+            tracing::info!(vi, %peer, kind = ?header.kind, "the peer retransmits to an ended connection: its last word said again");
             let mut out = OutPackets::default();
             out.push(&via_reliable::Transmit { header, payload: None }, None);
             self.send_all(peer, None, &out);
