@@ -33,6 +33,10 @@ use via_reliable::sim::SimRng;
 /// workload's time limit must still be reached.
 const IDLE_TICK: Duration = Duration::from_millis(1);
 
+/// Steps in a row at one instant after which virtual time counts as
+/// stuck; far more than the packets and polls one instant can hold.
+const STILL_STEPS: u32 = 1_000_000;
+
 /// One simulated host: its NIC, the NIC's port and the wire under it.
 struct Host {
     nic: Arc<Nic>,
@@ -52,6 +56,8 @@ pub(crate) struct Sim {
     next_timer: Option<Instant>,
     /// The connected VIs and their hosts, in the order they connected.
     vis: Vec<(usize, Weak<Vi>)>,
+    /// Steps in a row that left virtual time where it was.
+    still: u32,
 }
 
 impl Sim {
@@ -84,7 +90,7 @@ impl Sim {
         let faults = Faults { corrupt: if tuning().payload_crc { faults.corrupt } else { 0.0 }, ..faults };
         // Misdirected packets go to VI ids nobody has, or to another host.
         let faults = FaultInjector::new(faults, vec![Vec::new(); hosts.len()], &config);
-        Sim { hosts, net, faults, rng, next_timer: None, vis: Vec::new() }
+        Sim { hosts, net, faults, rng, next_timer: None, vis: Vec::new(), still: 0 }
     }
 
     /// Host `h`'s NIC.
@@ -149,6 +155,14 @@ impl Sim {
             };
             simulated::set(Some(self.net.now));
         }
+        // A timer that falls due again and again at the same instant
+        // would stop virtual time, and with it every time limit.
+        self.still = if self.net.now == now { self.still + 1 } else { 0 };
+        assert!(
+            self.still < STILL_STEPS,
+            "virtual time stands still at {:?}: a timer keeps falling due",
+            self.elapsed()
+        );
     }
 
     /// Hands what the live hosts sent to the network, through the faults.
