@@ -16,10 +16,13 @@
 //! of its read area), each round ending with a send on every VI and
 //! direction it used; in one seed of four the last of those sends is
 //! longer than its receive, in one of six more (reliable levels) it finds
-//! no receive posted; in some seeds a host dies after a round, or a pair
-//! of hosts is cut off for longer than the sessions' idle timeout, or for
-//! a short while at a random moment; and an ending where one end of each
-//! pair disconnects with receives left posted on both.
+//! no receive posted, in one of eight others (not lossy) the target of an
+//! RDMA write (or read, `plan::REFUSED_READS`) refuses it: a VI or region
+//! without that RDMA enabled, a range across the end of the region, a
+//! forged memory handle; in some seeds a host dies after a round, or a
+//! pair of hosts is cut off for longer than the sessions' idle timeout, or
+//! for a short while at a random moment; and an ending where one end of
+//! each pair disconnects with receives left posted on both.
 //!
 //! `world.rs` carries it out in one thread between `Sim::step` calls,
 //! polling (never waiting in real time), and checks:
@@ -42,6 +45,14 @@
 //! - a send that finds no receive (reliable levels) breaks its connection
 //!   after everything before it arrived: VIP_ERROR_RECVQ_EMPTY at the
 //!   receiver, VIP_ERROR_CONN_LOST at the sender, both in the error state;
+//! - a refused RDMA write (notes/contract.md, "Forbidden RDMA write"):
+//!   DONE|RDMA_PROT_ERROR at its initiator on every level, and no byte of
+//!   it lands, in the target's areas, its region without RDMA access or
+//!   the unregistered memory past its data region; reliable levels break
+//!   that connection (VIP_ERROR_RDMAW_PROT at the target, CONN_LOST at the
+//!   initiator) and flush what its VI posted after it, at both ends;
+//!   unreliable ones report nothing and go on; a refused read (reliable
+//!   levels, posted last) the same, with RDMAR_PROT, and no byte comes;
 //! - what the sender posted before a send that breaks the connection
 //!   completes as usual, but for an RDMA read, which may be flushed (its
 //!   answer lost or overtaken by the BREAK: it had not completed when the
@@ -180,6 +191,7 @@ mod tests {
                                 && op.immediate.is_some()
                                 && op.len > 0
                                 && !plan.is_breaking(k, i)
+                                && !plan.after_refusal(k, i)
                         })
                     })
             })

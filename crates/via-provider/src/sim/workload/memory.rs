@@ -12,15 +12,19 @@ use via_core::descriptor::DescPtr;
 pub(super) struct Region {
     nic: Arc<Nic>,
     base: *mut u8,
+    /// Bytes mapped: those registered and an unregistered tail.
     size: usize,
     /// Its memory handle.
     pub mem: u32,
 }
 
 impl Region {
-    /// `len` bytes registered with tag `ptag_id` and `flags` (`REGION_RDMA_*`).
-    pub fn new(nic: &Arc<Nic>, len: usize, ptag_id: u32, flags: u32) -> Result<Region, String> {
-        let size = len.next_multiple_of(4096);
+    /// `len` bytes registered with tag `ptag_id` and `flags` (`REGION_RDMA_*`),
+    /// then `tail` bytes mapped but registered nowhere, where a refused
+    /// RDMA write past the region's end would land.
+    pub fn new(nic: &Arc<Nic>, len: usize, tail: usize, ptag_id: u32, flags: u32) -> Result<Region, String> {
+        let registered = len.next_multiple_of(4096);
+        let size = registered + tail.next_multiple_of(4096);
         // SAFETY: a fresh private anonymous mapping, checked below.
         let base = unsafe {
             libc::mmap(
@@ -36,7 +40,7 @@ impl Region {
             return Err(format!("no memory for {len} bytes: {}", std::io::Error::last_os_error()));
         }
         let base = base as *mut u8;
-        match nic.registry.register(base as u64, size as u64, ptag_id, flags, nic.pin) {
+        match nic.registry.register(base as u64, registered as u64, ptag_id, flags, nic.pin) {
             Ok(mem) => Ok(Region { nic: nic.clone(), base, size, mem }),
             Err(e) => {
                 // SAFETY: mapped just now, this size.

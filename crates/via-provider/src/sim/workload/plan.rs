@@ -36,6 +36,17 @@ pub(super) const PARTITION_AT: Duration = Duration::from_secs(30);
 
 /// Kept apart from the simulator's own stream of the same seed.
 const PLAN_STREAM: u64 = 0x00C0_FFEE_0F0F_5EED;
+/// The refused RDMA operations' own stream: seeds without one draw the
+/// same plan as before there were any.
+const REFUSAL_STREAM: u64 = 0x0BAD_ACCE_55ED_0000;
+/// Each VI's region registered without the RDMA access a refused
+/// operation needs.
+pub(super) const CLOSED_BYTES: usize = 32 << 10;
+/// A handle that names no region: a registered one with these bits flipped.
+pub(super) const FORGED: u32 = 0x5A5A_0000;
+/// Of the refused operations on reliable levels, the share of reads; 0.4 draws them.
+// 0 while the initiator flushes the sends and writes before a refused read that its target placed.
+pub(super) const REFUSED_READS: f64 = 0.0;
 
 /// What a transfer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,13 +107,35 @@ impl fmt::Display for Op {
     }
 }
 
-/// The VI-level fault of the last op of the last round, a closing send.
+/// The VI-level fault of the last round: of its last op, a closing send,
+/// or of the RDMA operation its target refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Breaking {
     /// Longer than its receive by this many bytes.
     TooLong(u32),
     /// No receive posted for it (reliable levels).
     NoReceive,
+    /// Op `at` of the last round, an RDMA write or read (reliable levels),
+    /// is refused by its target (notes/contract.md, "Forbidden RDMA
+    /// write"); a write comes before the VI's closing send, a read after
+    /// it, last.
+    Refused { why: Forbidden, at: usize },
+}
+
+/// Why a target refuses an RDMA operation, and so where it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Forbidden {
+    /// The write or read area, where the seed enables no RDMA of its kind
+    /// (neither the target VI nor its region): `target` is in that area.
+    NotEnabled,
+    /// The target's region registered without that kind of RDMA:
+    /// `target` is in it.
+    Closed,
+    /// Across the end of the target's data region into memory registered
+    /// nowhere: `target` is in the read area, the region's last part.
+    PastEnd,
+    /// The write or read area under a forged memory handle (`FORGED`).
+    WrongHandle,
 }
 
 /// What happens to the hosts or the network once a round is over.
@@ -213,9 +246,18 @@ impl Plan {
             (Some(_), false) => Some((last_usable[r.below(last_usable.len() as u64) as usize], r.below(2) as usize)),
             _ => None,
         };
+        // One in eight of the seeds without another VI-level fault.
+        let mut f = SimRng::new(seed ^ REFUSAL_STREAM);
+        let refused = match (broken, lossy || last_usable.is_empty() || f.below(8) != 0) {
+            (None, false) => Some((last_usable[f.below(last_usable.len() as u64) as usize], f.below(2) as usize)),
+            _ => None,
+        };
         for k in 0..nrounds {
-            let ops = plan.random_round(&mut r, k, broken.filter(|_| k + 1 == nrounds));
+            let ops = plan.random_round(&mut r, k, broken.or(refused).filter(|_| k + 1 == nrounds));
             plan.rounds.push(ops);
+        }
+        if let Some((pair, from)) = refused {
+            plan.breaking = Some(plan.add_refused(&mut f, pair, from));
         }
         if broken.is_some() {
             plan.breaking = breaking;
@@ -266,15 +308,88 @@ impl Plan {
         (0..self.pairs.len()).filter(|&p| !(self.cut(p) && after.is_some_and(|a| k > a))).collect()
     }
 
+    /// The refused RDMA operation of the last round on `pair` from end
+    /// `from`, and where it goes: a write among the ops before the
+    /// closing sends, a read last.
+    fn add_refused(&mut self, f: &mut SimRng, pair: usize, from: usize) -> Breaking {
+        let ops = self.rounds.last_mut().expect("a last round");
+        let kind = match self.level != SERVICE_UNRELIABLE && f.chance(REFUSED_READS) {
+            true => Kind::Read,
+            false => pick(f, &[Kind::Write, Kind::WriteImm]),
+        };
+        let enabled = if kind == Kind::Read { self.rdma_read } else { self.rdma_write };
+        let mut why = match enabled {
+            false => Forbidden::NotEnabled,
+            true => pick(f, &[Forbidden::Closed, Forbidden::PastEnd, Forbidden::WrongHandle]),
+        };
+        let mut len = random_len(f, MAX_RDMA).max(2);
+        // A write into the write area goes past the round's other writes
+        // to that target, so that none of them covers a byte it landed.
+        let free = ops
+            .iter()
+            .filter(|o| o.pair == pair && o.from == from && matches!(o.kind, Kind::Write | Kind::WriteImm))
+            .map(|o| o.target + o.len + GUARD as u32)
+            .max()
+            .unwrap_or(0);
+        if kind != Kind::Read && why == Forbidden::WrongHandle && free as usize + 1 >= RDMA_BYTES {
+            why = Forbidden::PastEnd;
+        }
+        let area = if kind == Kind::Read { READ_BYTES } else { RDMA_BYTES } as u32;
+        let target = match (why, kind) {
+            (Forbidden::Closed, _) => {
+                len = len.min(CLOSED_BYTES as u32);
+                f.below((CLOSED_BYTES as u32 - len + 1) as u64) as u32
+            }
+            // At least one byte on each side of the end.
+            (Forbidden::PastEnd, _) => READ_BYTES as u32 - 1 - f.below(len as u64 - 1) as u32,
+            (_, Kind::Read) | (Forbidden::NotEnabled, _) => f.below((area - len + 1) as u64) as u32,
+            _ => {
+                len = len.min(area - free);
+                free + f.below((area - free - len + 1) as u64) as u32
+            }
+        };
+        let nseg = 1 + f.below(SEGS.min(len) as u64) as u32;
+        let immediate = (kind == Kind::WriteImm).then(|| f.next_u64() as u32);
+        let data = if kind == Kind::Read { Vec::new() } else { f.bytes(len as usize) };
+        let op = Op { kind, pair, from, len, nseg, immediate, data, target, slack: 0, rsegs: 1, closing: false };
+        let at = match kind {
+            Kind::Read => ops.len(),
+            _ => f.below(ops.iter().filter(|o| !o.closing).count() as u64 + 1) as usize,
+        };
+        ops.insert(at, op);
+        Breaking::Refused { why, at }
+    }
+
+    /// Round and index of the op the breaking fault is about.
+    pub fn breaking_op(&self) -> Option<(usize, usize)> {
+        let k = self.rounds.len().checked_sub(1)?;
+        match self.breaking? {
+            Breaking::Refused { at, .. } => Some((k, at)),
+            _ => Some((k, self.rounds[k].len().checked_sub(1)?)),
+        }
+    }
+
     /// Whether op `i` of round `k` is the one the breaking fault is about.
     pub fn is_breaking(&self, k: usize, i: usize) -> bool {
-        self.breaking.is_some() && k + 1 == self.rounds.len() && i + 1 == self.rounds[k].len()
+        self.breaking_op() == Some((k, i))
+    }
+
+    /// Whether op `i` of round `k` comes after the refused operation on
+    /// its VI, which the broken connection flushes (reliable levels).
+    pub fn after_refusal(&self, k: usize, i: usize) -> bool {
+        match (self.breaking, self.breaking_op()) {
+            (Some(Breaking::Refused { .. }), Some((bk, at))) => {
+                self.reliable() && k == bk && i > at && self.rounds[k][i].pair == self.rounds[k][at].pair
+            }
+            _ => false,
+        }
     }
 
     /// The pair the breaking fault breaks (on reliable levels), if any.
     pub fn broken_pair(&self) -> Option<usize> {
         let broken = self.breaking.is_some() && (self.reliable() || self.breaking == Some(Breaking::NoReceive));
-        broken.then(|| self.rounds.last().and_then(|ops| ops.last()).expect("a breaking op").pair)
+        let (k, i) = self.breaking_op().filter(|_| broken)?;
+        Some(self.rounds[k][i].pair)
     }
 
     /// The receive room of op `i` of round `k`: the message and its slack,
@@ -452,7 +567,11 @@ mod tests {
                 for (i, op) in ops.iter().enumerate() {
                     let (a, b) = plan.pairs[op.pair];
                     assert_ne!(a, b, "seed {seed}: a pair on one host");
-                    assert!(op.kind != Kind::Read || plan.rdma_read, "seed {seed}: a read where reads are off");
+                    let refused = matches!(plan.breaking, Some(Breaking::Refused { .. })) && plan.is_breaking(k, i);
+                    assert!(
+                        op.kind != Kind::Read || plan.rdma_read || refused,
+                        "seed {seed}: a read where reads are off"
+                    );
                     if plan.cut(op.pair) && plan.disrupted_after().is_some_and(|after| k > after) {
                         panic!("seed {seed}: round {k} op {i} on pair {} after the disruption broke it", op.pair);
                     }
@@ -470,6 +589,27 @@ mod tests {
             if plan.breaking == Some(Breaking::NoReceive) {
                 assert!(plan.reliable(), "seed {seed}: an unreceived send on an unreliable VI");
             }
+            if let (Some(Breaking::Refused { why, .. }), Some((k, i))) = (plan.breaking, plan.breaking_op()) {
+                let ops = &plan.rounds[k];
+                let op = &ops[i];
+                assert!(!plan.lossy && op.kind != Kind::Send && !op.closing, "seed {seed}: refused {op}");
+                assert!(op.kind != Kind::Read || plan.reliable(), "seed {seed}: a refused read on an unreliable VI");
+                // Something of its VI comes after a refused write, nothing after a read.
+                let later = ops[i + 1..].iter().any(|o| o.pair == op.pair);
+                assert_eq!(later, op.kind != Kind::Read, "seed {seed}: what follows the refused {op}");
+                let (start, end) = (op.target as usize, (op.target + op.len) as usize);
+                let area = if op.kind == Kind::Read { READ_BYTES } else { RDMA_BYTES };
+                match why {
+                    Forbidden::Closed => assert!(end <= CLOSED_BYTES),
+                    Forbidden::PastEnd => assert!(start < READ_BYTES && end > READ_BYTES),
+                    _ => assert!(end <= area),
+                }
+                assert_eq!(
+                    why == Forbidden::NotEnabled,
+                    if op.kind == Kind::Read { !plan.rdma_read } else { !plan.rdma_write },
+                    "seed {seed}: {why:?} for {op}"
+                );
+            }
             if !plan.reliable() && !plan.lossy {
                 let f = &plan.faults;
                 assert!(f.loss == 0.0 && f.reorder == 0.0 && f.corrupt == 0.0 && f.misdirect == 0.0);
@@ -485,7 +625,14 @@ mod tests {
         let count = |f: &dyn Fn(&Plan) -> bool| plans.iter().filter(|p| f(p)).count();
         let any_op = |p: &Plan, f: &dyn Fn(&Op) -> bool| p.rounds.iter().flatten().any(f);
         type Feature<'a> = (&'a str, &'a dyn Fn(&Plan) -> bool);
-        let features: [Feature; 20] = [
+        let refused = |p: &Plan, kinds: &[Kind], why: Option<Forbidden>| match (p.breaking, p.breaking_op()) {
+            (Some(Breaking::Refused { why: w, .. }), Some((k, i))) => {
+                kinds.contains(&p.rounds[k][i].kind) && why.is_none_or(|why| why == w)
+            }
+            _ => false,
+        };
+        let writes = &[Kind::Write, Kind::WriteImm];
+        let features: [Feature; 27] = [
             ("unreliable", &|p| p.level == SERVICE_UNRELIABLE && !p.lossy),
             ("lossy unreliable", &|p| p.lossy),
             ("reliable delivery", &|p| p.level == SERVICE_RELIABLE_DELIVERY),
@@ -501,6 +648,13 @@ mod tests {
             ("a too long send", &|p| matches!(p.breaking, Some(Breaking::TooLong(_)))),
             ("a too long send, reliable", &|p| matches!(p.breaking, Some(Breaking::TooLong(_))) && p.reliable()),
             ("an unreceived send", &|p| p.breaking == Some(Breaking::NoReceive)),
+            ("a refused RDMA write, reliable", &|p| refused(p, writes, None) && p.reliable()),
+            ("a refused RDMA write, unreliable", &|p| refused(p, writes, None) && !p.reliable()),
+            ("a refused RDMA write with immediate data", &|p| refused(p, &[Kind::WriteImm], None)),
+            ("a refused RDMA write, VI without it", &|p| refused(p, writes, Some(Forbidden::NotEnabled))),
+            ("a refused RDMA write, region without it", &|p| refused(p, writes, Some(Forbidden::Closed))),
+            ("a refused RDMA write, past the end", &|p| refused(p, writes, Some(Forbidden::PastEnd))),
+            ("a refused RDMA write, forged handle", &|p| refused(p, writes, Some(Forbidden::WrongHandle))),
             ("a death", &|p| matches!(p.disruption, Some(Disruption::Death { .. }))),
             ("a long partition", &|p| matches!(p.disruption, Some(Disruption::LongPartition { .. }))),
             ("a short partition", &|p| p.disruption == Some(Disruption::ShortPartition)),
@@ -510,6 +664,10 @@ mod tests {
         for (what, f) in features {
             let n = count(f);
             assert!(n >= 3, "{what}: {n} of {} seeds", plans.len());
+        }
+        if REFUSED_READS > 0.0 {
+            let n = count(&|p| refused(p, &[Kind::Read], None));
+            assert!(n >= 3, "a refused RDMA read: {n} of {} seeds", plans.len());
         }
     }
 }

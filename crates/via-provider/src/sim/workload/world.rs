@@ -36,6 +36,10 @@ const RECV_AREA: usize = SEND_AREA + SEND_SLOTS * SLOT_BYTES;
 const RDMA_AREA: usize = RECV_AREA + RECV_SLOTS * SLOT_BYTES;
 const READ_AREA: usize = RDMA_AREA + RDMA_BYTES;
 const DATA_BYTES: usize = READ_AREA + READ_BYTES;
+const _: () = assert!(DATA_BYTES.is_multiple_of(4096), "the read area ends the registered region");
+/// Mapped past the data region, registered nowhere: room for the part of
+/// a refused write past the region's end.
+const TAIL_BYTES: usize = MAX_RDMA as usize + GUARD;
 /// The room of a receive in a lossy seed: whatever message comes.
 const LOSSY_ROOM: u32 = MAX_SEND + MAX_SLACK;
 /// The room of a receive left posted at the ending.
@@ -100,6 +104,8 @@ struct End {
     vi: Arc<Vi>,
     data: Region,
     descs: Region,
+    /// Registered without the access a refused RDMA operation lacks.
+    closed: Region,
     /// What its read area holds.
     read_area: Vec<u8>,
     /// Posted and not yet reaped, oldest first.
@@ -173,6 +179,11 @@ impl<'p> World<'p> {
         if plan.rdma_read {
             flags |= REGION_RDMA_READ;
         }
+        // Only the access a refused operation needs is missing there.
+        let closed_flags = match plan.breaking_op().map(|(k, i)| plan.rounds[k][i].kind) {
+            Some(Kind::Read) => flags & !REGION_RDMA_READ,
+            _ => flags & !REGION_RDMA_WRITE,
+        };
         let mut ends = Vec::new();
         for (p, &(a, b)) in plan.pairs.iter().enumerate() {
             let mut pair = Vec::new();
@@ -190,19 +201,23 @@ impl<'p> World<'p> {
                     .and_then(Vi::get)
                     .map_err(|e| format!("{what}: VipCreateVi: {e:?}"))?;
                 let tag = host.nic.ptag(host.ptag).map_err(|e| format!("{what}: its tag: {e:?}"))?.id;
-                let data = Region::new(&host.nic, DATA_BYTES, tag, flags).map_err(|e| format!("{what}: {e}"))?;
-                let descs = Region::new(&host.nic, (SEND_SLOTS + RECV_SLOTS) * DESC_STRIDE, tag, 0)
+                let data =
+                    Region::new(&host.nic, DATA_BYTES, TAIL_BYTES, tag, flags).map_err(|e| format!("{what}: {e}"))?;
+                let descs = Region::new(&host.nic, (SEND_SLOTS + RECV_SLOTS) * DESC_STRIDE, 0, tag, 0)
                     .map_err(|e| format!("{what}: {e}"))?;
-                let read_area = match plan.rdma_read {
-                    true => SimRng::new(plan.seed ^ READ_STREAM ^ (2 * p + side) as u64).bytes(READ_BYTES),
-                    false => Vec::new(),
-                };
+                let closed =
+                    Region::new(&host.nic, CLOSED_BYTES, 0, tag, closed_flags).map_err(|e| format!("{what}: {e}"))?;
+                // Without reads too: a refused write past the region's end begins there.
+                let read_area = SimRng::new(plan.seed ^ READ_STREAM ^ (2 * p + side) as u64).bytes(READ_BYTES);
                 data.write(READ_AREA, &read_area);
+                data.fill(DATA_BYTES, TAIL_BYTES, JUNK);
+                closed.fill(0, CLOSED_BYTES, JUNK);
                 pair.push(End {
                     host: h,
                     vi,
                     data,
                     descs,
+                    closed,
                     read_area,
                     sends: VecDeque::new(),
                     recvs: VecDeque::new(),
@@ -235,7 +250,11 @@ impl<'p> World<'p> {
     }
 
     fn op_name(&self, k: usize, i: usize) -> String {
-        format!("round {k} op {i} ({})", self.plan.rounds[k][i])
+        let refused = match self.plan.breaking {
+            Some(Breaking::Refused { why, .. }) if self.plan.is_breaking(k, i) => format!(", refused: {why:?}"),
+            _ => String::new(),
+        };
+        format!("round {k} op {i} ({}{refused})", self.plan.rounds[k][i])
     }
 
     fn live(&self, p: usize, s: usize) -> bool {
@@ -297,9 +316,18 @@ impl<'p> World<'p> {
     fn post_op(&mut self, k: usize, i: usize) -> Result<(), String> {
         let op = &self.plan.rounds[k][i];
         let (p, s) = (op.pair, op.from);
-        let (peer_base, peer_mem) = {
+        let (read_at, write_at) = (READ_AREA as u64 + op.target as u64, RDMA_AREA as u64 + op.target as u64);
+        let (read_at, write_at, peer_base, peer_mem) = {
             let peer = &self.ends[p][1 - s];
-            (peer.data.addr(0), peer.data.mem)
+            match self.plan.breaking {
+                Some(Breaking::Refused { why, .. }) if self.plan.is_breaking(k, i) => match why {
+                    Forbidden::NotEnabled => (read_at, write_at, peer.data.addr(0), peer.data.mem),
+                    Forbidden::Closed => (op.target as u64, op.target as u64, peer.closed.addr(0), peer.closed.mem),
+                    Forbidden::PastEnd => (read_at, read_at, peer.data.addr(0), peer.data.mem),
+                    Forbidden::WrongHandle => (read_at, write_at, peer.data.addr(0), peer.data.mem ^ FORGED),
+                },
+                _ => (read_at, write_at, peer.data.addr(0), peer.data.mem),
+            }
         };
         let what = format!("{}: {}", self.end_name(p, s), self.op_name(k, i));
         let e = &mut self.ends[p][s];
@@ -312,13 +340,13 @@ impl<'p> World<'p> {
             Kind::Read => {
                 e.data.fill(off, op.len as usize + GUARD, JUNK);
                 d.control(CONTROL_OP_RDMAREAD, op.nseg as usize + 1, 0, op.len);
-                d.segment(0, peer_base + (READ_AREA as u64 + op.target as u64), peer_mem, 0);
+                d.segment(0, peer_base + read_at, peer_mem, 0);
                 d.split(1, src, mem, op.len, op.nseg);
             }
             Kind::Write | Kind::WriteImm => {
                 e.data.write(off, &op.data);
                 d.control(CONTROL_OP_RDMAWRITE | imm_bit, op.nseg as usize + 1, imm, op.len);
-                d.segment(0, peer_base + (RDMA_AREA as u64 + op.target as u64), peer_mem, 0);
+                d.segment(0, peer_base + write_at, peer_mem, 0);
                 d.split(1, src, mem, op.len, op.nseg);
             }
             Kind::Send => {
@@ -473,6 +501,25 @@ impl<'p> World<'p> {
     fn judge_sent(&mut self, p: usize, s: usize, k: usize, i: usize, slot: usize, d: Desc) -> Result<(), String> {
         let plan = self.plan;
         let op = &plan.rounds[k][i];
+        if let (Some(Breaking::Refused { .. }), true) = (plan.breaking, plan.is_breaking(k, i)) {
+            // At every level (notes/contract.md, "Forbidden RDMA write").
+            errbits(d, STATUS_DONE | STATUS_RDMA_PROT_ERROR)?;
+            if op.kind == Kind::Read {
+                // Nothing came (tests/c/crossuser.c checks the length too).
+                if d.length() != 0 {
+                    return Err(format!("length {}, expected 0: a refused read", d.length()));
+                }
+                let e = &self.ends[p][s];
+                if let Some(diff) = first_not(JUNK, e.data.bytes(send_off(slot), op.len as usize + GUARD)) {
+                    return Err(format!("a refused read brought bytes: {diff}"));
+                }
+            }
+            return Ok(());
+        }
+        if plan.after_refusal(k, i) {
+            // Reliable levels: later descriptors flush (notes/contract.md, "Posting").
+            return errbits(d, STATUS_DONE | STATUS_DESC_FLUSHED_ERROR);
+        }
         if plan.is_breaking(k, i) {
             return match (plan.breaking, plan.level) {
                 // Across hosts the peer's transport may have acknowledged
@@ -517,6 +564,11 @@ impl<'p> World<'p> {
         let op = &plan.rounds[k][i];
         let (room, off) = (plan.room(k, i) as usize, recv_off(slot));
         let e = &self.ends[p][s];
+        if plan.after_refusal(k, i) {
+            // Its message comes after the refused operation: never placed.
+            errbits(d, STATUS_DONE | STATUS_DESC_FLUSHED_ERROR)?;
+            return self.untouched(p, s, off, room + GUARD);
+        }
         if plan.is_breaking(k, i) {
             // Longer than its buffer: a length error, and no byte past the buffer.
             errbits(d, STATUS_DONE | STATUS_LENGTH_ERROR)?;
@@ -661,7 +713,10 @@ impl<'p> World<'p> {
             }
         } else {
             for (i, op) in ops.iter().enumerate() {
-                let unreceived = plan.is_breaking(k, i) && plan.breaking == Some(Breaking::NoReceive);
+                // A refused write with immediate data consumes none, as
+                // tests/c/rdma.c has it: none is posted for it.
+                let unreceived = plan.is_breaking(k, i)
+                    && matches!(plan.breaking, Some(Breaking::NoReceive | Breaking::Refused { .. }));
                 if op.takes_receive() && !unreceived {
                     self.post_recv(op.pair, 1 - op.from, plan.room(k, i), op.rsegs, Expect::Op { round: k, op: i })?;
                 }
@@ -679,10 +734,16 @@ impl<'p> World<'p> {
         } else {
             self.drive(&what, World::settled)?;
         }
-        if let (Some(p), true) = (plan.broken_pair(), k + 1 == plan.rounds.len()) {
-            let (sender, receiver) = (ops[ops.len() - 1].from, 1 - ops[ops.len() - 1].from);
+        if let (Some(p), Some((_, b))) = (plan.broken_pair(), plan.breaking_op().filter(|&(bk, _)| bk == k)) {
+            let (sender, receiver) = (ops[b].from, 1 - ops[b].from);
+            // The target of a refused operation says why; its initiator
+            // lost the connection, as the shared-memory path reports it.
             let (code, why) = match plan.breaking {
                 Some(Breaking::NoReceive) => (error_code::RECVQ_EMPTY, "a send found no receive"),
+                Some(Breaking::Refused { .. }) if ops[b].kind == Kind::Read => {
+                    (error_code::RDMAR_PROT, "an RDMA read its target refused")
+                }
+                Some(Breaking::Refused { .. }) => (error_code::RDMAW_PROT, "an RDMA write its target refused"),
                 _ => (error_code::CONN_LOST, "a send longer than its receive"),
             };
             self.expect_report(p, receiver, code, why);
@@ -701,10 +762,27 @@ impl<'p> World<'p> {
                 if !self.live(p, s) {
                     continue;
                 }
-                let area = self.ends[p][s].data.bytes(RDMA_AREA, RDMA_BYTES);
+                let e = &self.ends[p][s];
+                // Where refused operations go: no byte of theirs lands.
+                let unchanged = [
+                    ("the region without RDMA access", first_not(JUNK, e.closed.bytes(0, CLOSED_BYTES))),
+                    ("the memory past the data region", first_not(JUNK, e.data.bytes(DATA_BYTES, TAIL_BYTES))),
+                    ("the RDMA read area", first_difference(&e.read_area, e.data.bytes(READ_AREA, READ_BYTES))),
+                ];
+                for (what, diff) in unchanged {
+                    if let Some(diff) = diff {
+                        return Err(format!("{}: after round {k}, {what} changed: {diff}", self.end_name(p, s)));
+                    }
+                }
+                let area = e.data.bytes(RDMA_AREA, RDMA_BYTES);
                 let mut want = vec![JUNK; RDMA_BYTES];
-                let writes = plan.rounds[k].iter().enumerate().filter(|(_, op)| {
-                    op.pair == p && op.from == 1 - s && matches!(op.kind, Kind::Write | Kind::WriteImm)
+                // Neither a refused write nor those after it (reliable levels) land.
+                let writes = plan.rounds[k].iter().enumerate().filter(|&(i, op)| {
+                    op.pair == p
+                        && op.from == 1 - s
+                        && matches!(op.kind, Kind::Write | Kind::WriteImm)
+                        && !plan.after_refusal(k, i)
+                        && !(plan.is_breaking(k, i) && matches!(plan.breaking, Some(Breaking::Refused { .. })))
                 });
                 for (i, op) in writes {
                     let range = op.target as usize..(op.target + op.len) as usize;
@@ -923,6 +1001,7 @@ impl<'p> World<'p> {
                 Vi::destroy(e.vi.handle).map_err(|err| format!("{name}: VipDestroyVi: {err:?}"))?;
                 e.data.deregister().map_err(|err| format!("{name}: data: {err}"))?;
                 e.descs.deregister().map_err(|err| format!("{name}: descriptors: {err}"))?;
+                e.closed.deregister().map_err(|err| format!("{name}: the closed region: {err}"))?;
             }
         }
         for (h, host) in self.hosts.iter().enumerate().filter(|(_, h)| !h.dead) {
