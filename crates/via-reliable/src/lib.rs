@@ -656,12 +656,19 @@ impl Session {
     /// and none from `seq` on, so the peer learns which message was
     /// refused and never takes it for acknowledged.
     pub fn close_refusing(&mut self, seq: u32, code: u32) {
+        self.placed_before(seq);
+        self.close(code);
+    }
+
+    /// While [`Session::hold_acks`] is in force: the owner placed every
+    /// packet before `seq`, so packets sent now acknowledge those (and
+    /// none from `seq` on).
+    pub fn placed_before(&mut self, seq: u32) {
         if let Some(h) = self.ack_hold {
             if diff(seq, h) >= 0 && diff(seq, self.rcv_next) <= 0 {
                 self.ack_hold = Some(seq);
             }
         }
-        self.close(code);
     }
 
     /// `ack_every` packets are unacknowledged, and no message is partly

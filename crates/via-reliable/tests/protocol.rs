@@ -325,6 +325,30 @@ fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
 }
 
 #[test]
+fn a_reply_acknowledges_what_the_owner_says_it_placed_while_acks_are_held() {
+    let t0 = Instant::now();
+    let (mut a, mut b, p) = three_one_packet_messages(t0);
+    b.hold_acks();
+    for t in &p {
+        deliver(&mut b, t0, t);
+    }
+    // Messages 1 and 2 placed; message 3 (seq 3) not yet.
+    b.placed_before(p[2].header.seq);
+    assert!(b.acks_held());
+    b.send(msg(10, 50)).unwrap();
+    let reply = drain(&mut b, t0);
+    assert_eq!(reply.len(), 1);
+    assert_eq!(reply[0].header.ack, 3);
+    deliver(&mut a, t0, &reply[0]);
+    assert_eq!(events(&mut a).iter().filter(|e| matches!(e, Event::Sent { .. })).count(), 2);
+    // The hold never moves back, nor past what arrived.
+    b.placed_before(p[0].header.seq);
+    b.placed_before(p[2].header.seq + 5);
+    b.send(msg(11, 50)).unwrap();
+    assert_eq!(drain(&mut b, t0)[0].header.ack, 3);
+}
+
+#[test]
 fn a_disconnect_acknowledges_everything_even_while_acks_are_held() {
     let t0 = Instant::now();
     let (mut a, mut b) = pair(Config::default(), t0);

@@ -576,6 +576,13 @@ impl Vi {
             let mut more = NetEvents::new();
             {
                 let mut st = link.state.lock();
+                // The answers acknowledge what this batch placed before them:
+                // an initiator that closes on a refused read must find the
+                // sends and writes before it acknowledged, as they were placed.
+                match &f.refused {
+                    Some(r) => st.session.placed_before(r.seq),
+                    None => st.session.release_acks(),
+                }
                 for (kind, len, reply) in f.replies.drain(..) {
                     let token = match reply {
                         Reply::Gather(gather) => st.remember(gather),
