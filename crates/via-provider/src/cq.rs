@@ -42,9 +42,12 @@ pub struct Cq {
     pub capacity: AtomicUsize,
     /// Set when destroyed, for notify threads.
     pub destroyed: std::sync::atomic::AtomicBool,
-    /// CQ2: the work queues attached (VI, receive queue?), scanned from `cursor`.
+    /// The work queues attached (VI, receive queue?); CQ2 scans them from
+    /// `cursor`.
     pub(crate) members: Mutex<Vec<(Handle, bool)>>,
     pub(crate) cursor: AtomicUsize,
+    /// The member a wait asks next whether a message is arriving.
+    pub(crate) arrival_cursor: AtomicUsize,
     /// CQ1: the lane to look at first.
     pub(crate) lane_cursor: AtomicUsize,
 }
@@ -74,6 +77,7 @@ impl Cq {
                 destroyed: Default::default(),
                 members: Mutex::new(Vec::new()),
                 cursor: AtomicUsize::new(0),
+                arrival_cursor: AtomicUsize::new(0),
                 lane_cursor: AtomicUsize::new(0),
             })
         }) {

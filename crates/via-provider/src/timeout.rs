@@ -63,9 +63,19 @@ pub struct SpinWait {
     start: Instant,
     /// The end of the window, or the deadline if that is sooner.
     until: Instant,
+    /// How long the spin may go on past `until` while the transfer it
+    /// waits for is under way (`spin_while`): `BUSY_MAX`, or the deadline.
+    busy_until: Instant,
     polls: u32,
     spinning: bool,
 }
+
+/// How long a wait spins on past its window while what it waits for is
+/// visibly arriving (`SpinWait::spin_while`): a 16 MiB copy between
+/// processes takes about 1.5 ms here.  Sleeping in the middle of a
+/// transfer costs a wake-up, tens of µs on a VM whose idle vCPU halts,
+/// for every message longer than the window.
+pub const BUSY_MAX: Duration = Duration::from_millis(2);
 
 impl SpinWait {
     /// A wait starting now, with `deadline`.
@@ -73,14 +83,28 @@ impl SpinWait {
         let start = crate::clock::now();
         let window = start + spin_window();
         let until = deadline.0.map_or(window, |d| d.min(window));
-        SpinWait { start, until, polls: 0, spinning: true }
+        let busy = start + BUSY_MAX;
+        let busy_until = deadline.0.map_or(busy, |d| d.min(busy)).max(until);
+        SpinWait { start, until, busy_until, polls: 0, spinning: true }
     }
 
     /// After an empty poll: whether to poll again at once (still within the
     /// window).  Once false, it stays false.
     pub fn spin(&mut self) -> bool {
-        if self.spinning && self.polls.is_multiple_of(CLOCK_EVERY) && crate::clock::now() >= self.until {
-            self.spinning = false;
+        self.spin_while(|| false)
+    }
+
+    /// As `spin`, and past the window while `under_way` says that the
+    /// transfer this wait is for is arriving (a message partly placed, a
+    /// peer's copy into this process), up to `BUSY_MAX`: that wait ends
+    /// soon, and a sleep now would cost a wake-up.  `under_way` is asked
+    /// at the looks at the clock past the window only.
+    pub fn spin_while(&mut self, under_way: impl FnOnce() -> bool) -> bool {
+        if self.spinning && self.polls.is_multiple_of(CLOCK_EVERY) {
+            let now = crate::clock::now();
+            if now >= self.until && !(now < self.busy_until && under_way()) {
+                self.spinning = false;
+            }
         }
         self.polls = self.polls.wrapping_add(1);
         if self.spinning {
@@ -278,6 +302,38 @@ mod tests {
         let polls = (0..=CLOCK_EVERY).take_while(|_| spin.spin()).count();
         assert!(polls < CLOCK_EVERY as usize, "still spinning after {polls} polls past the window");
         assert!(!spin.spin());
+    }
+
+    #[test]
+    fn a_spin_goes_on_past_its_window_while_the_transfer_is_under_way() {
+        use crate::clock::simulated;
+        let t0 = Instant::now();
+        let at = |d: Duration| simulated::set(Some(t0 + d));
+        let past_window = spin_window() + Duration::from_millis(1);
+        at(Duration::ZERO);
+        let mut spin = SpinWait::start(&Deadline::after_ms(10_000));
+        at(past_window);
+        // Past the window, still spinning while the transfer is under way ...
+        for _ in 0..4 * CLOCK_EVERY {
+            assert!(spin.spin_while(|| true));
+        }
+        // ... and no longer once it is not.
+        let polls = (0..=CLOCK_EVERY).take_while(|_| spin.spin_while(|| false)).count();
+        assert!(polls < CLOCK_EVERY as usize, "still spinning after {polls} polls");
+        assert!(!spin.spin_while(|| true), "a spin that ended stays ended");
+
+        // Never past BUSY_MAX, however long the transfer takes.
+        at(Duration::ZERO);
+        let mut spin = SpinWait::start(&Deadline::after_ms(10_000));
+        at(past_window);
+        assert!(spin.spin_while(|| true));
+        at(BUSY_MAX);
+        let polls = (0..=CLOCK_EVERY).take_while(|_| spin.spin_while(|| true)).count();
+        assert!(polls < CLOCK_EVERY as usize, "spinning past BUSY_MAX");
+        simulated::set(None);
+
+        // Nor past the deadline: a wait of no time does not spin.
+        assert!(!SpinWait::start(&Deadline::after_ms(0)).spin_while(|| true));
     }
 
     fn after(waits_us: &[u64]) -> Duration {

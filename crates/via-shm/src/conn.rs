@@ -192,6 +192,12 @@ impl ConnSegment {
         true
     }
 
+    /// Whether the peer has a copy into or out of this process's memory
+    /// under way just now: what it copies arrives soon.
+    pub fn peer_copying(&self) -> bool {
+        self.header().copying[self.side.peer().index()].0.load(Relaxed) != 0
+    }
+
     /// True once the peer has set its `closed` flag.
     pub fn peer_closed(&self) -> bool {
         self.header().closed[self.side.peer().index()].load(SeqCst) != 0

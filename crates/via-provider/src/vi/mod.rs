@@ -848,6 +848,18 @@ impl Vi {
         got
     }
 
+    /// Whether a message for the receive queue is arriving just now: partly
+    /// placed from the network or the ring, or being copied in by the peer
+    /// (`VipRecvWait` spins on past its window meanwhile).
+    pub(crate) fn arriving(&self) -> bool {
+        let r = self.recv.lock();
+        r.inbound.is_some()
+            || r.writing.is_some()
+            || r.pieces.is_some()
+            || r.rdma.is_some()
+            || r.seg.as_ref().is_some_and(|seg| seg.peer_copying())
+    }
+
     /// `VipRecvWait`.
     pub fn recv_wait(&self, timeout_ms: u64) -> ViaResult<DescPtr> {
         let deadline = Deadline::after_ms(timeout_ms);
@@ -866,7 +878,7 @@ impl Vi {
                 // Another thread destroyed the VI: its handle is no longer valid.
                 return Err(ViaError::InvalidParameter);
             }
-            if spin.spin() {
+            if spin.spin_while(|| self.arriving()) {
                 continue;
             }
             if deadline.passed() {
