@@ -17,7 +17,8 @@
  * immediate data, on an unreliable and a reliable VI, every byte checked
  * along with the bytes around it; then a write into a region registered
  * without RDMA write enable, on a reliable VI: nothing lands, and the
- * connection breaks with VIP_ERROR_RDMAW_PROT reported at both ends.
+ * connection breaks with VIP_ERROR_RDMAW_PROT reported at the target and
+ * VIP_ERROR_CONN_LOST at the initiator.
  *
  * Then RDMA reads, 4 B to 2 MiB: the child's reads of the parent's memory
  * go through the ring (the parent checks each request against its own
@@ -27,7 +28,8 @@
  * byte checked along with the bytes around it.  A read of memory
  * registered without RDMA read enable brings nothing, completes with
  * VIP_STATUS_RDMA_PROT_ERROR and breaks the connection with
- * VIP_ERROR_RDMAR_PROT at both ends.  Last, two processes of two other
+ * VIP_ERROR_RDMAR_PROT at the target and VIP_ERROR_CONN_LOST at the
+ * initiator.  Last, two processes of two other
  * users (65533 and 65534), neither of which may attach to the other, read
  * from each other at once, every read through the ring both ways.
  *
@@ -199,7 +201,8 @@ static void parent_rdma(vt_end *e, size_t l)
 }
 
 /* A write into memory registered without RDMA write enable, on a reliable
- * VI: the parent refuses it, nothing lands, both ends see RDMAW_PROT. */
+ * VI: the parent refuses it, nothing lands, the parent sees RDMAW_PROT and
+ * the child CONN_LOST. */
 static void child_refused(vt_end *e, uint64_t raddr, VIP_MEM_HANDLE rmh)
 {
     VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
@@ -211,7 +214,7 @@ static void child_refused(vt_end *e, uint64_t raddr, VIP_MEM_HANDLE rmh)
     CHECK_PTR(d, got);
     /* In the ring: complete here; the refusal comes as the break. */
     CHECK_ERRBITS(VIP_STATUS_DONE, got);
-    CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_RDMAW_PROT, e->vi);
+    CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_CONN_LOST, e->vi);
     CHECK_STATE_SOON(VIP_STATE_ERROR, e->vi);
 }
 
@@ -372,7 +375,8 @@ static void read_swap(vt_end *e, uint64_t *raddr, VIP_MEM_HANDLE *rmh)
 }
 
 /* A read of memory registered without RDMA read enable: the target
- * (the parent) refuses it, nothing comes, both ends see RDMAR_PROT. */
+ * (the parent) refuses it, nothing comes, the parent sees RDMAR_PROT and
+ * the child CONN_LOST. */
 static void read_refused(vt_end *e, int parent)
 {
     VIP_DESCRIPTOR *got = NULL;
@@ -404,7 +408,7 @@ static void read_refused(vt_end *e, int parent)
         CHECK_EQ(0, got->CS.Length);
         /* Nothing came. */
         CHECK_PATTERN(e->buf.base + RAREA, 3000, 99);
-        CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_RDMAR_PROT, e->vi);
+        CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_CONN_LOST, e->vi);
         CHECK_STATE_SOON(VIP_STATE_ERROR, e->vi);
     }
 }

@@ -17,7 +17,8 @@
 //! descriptor's local buffers (checked again where a region went since the
 //! post) and completes the descriptor once the last piece is in.  A
 //! refusal completes it with `VIP_STATUS_RDMA_PROT_ERROR` and breaks the
-//! connection (`VIP_ERROR_RDMAR_PROT` at both ends); an answer nobody
+//! connection (`VIP_ERROR_RDMAR_PROT` at the target, `VIP_ERROR_CONN_LOST`
+//! at the initiator); an answer nobody
 //! asked for, or one that does not match, breaks it as a peer that wrote
 //! something impossible.  A target that sends no piece for
 //! [`RING_ROOM_LIMIT`] loses the connection.
@@ -44,9 +45,10 @@ use via_core::registry::REGION_RDMA_READ;
 use via_shm::conn::ConnSegment;
 use via_shm::ring::{SlotHeader, INLINE_MAX, RDMA_TARGET_BYTES, RING_SLOTS, SLOT_RDMA_READ, SLOT_RDMA_READ_PIECE};
 
-/// A refused RDMA read through the ring, on a reliable VI: both ends
-/// report the protection error.
-pub(crate) const RDMAR_REFUSED: Break = Break { mine: error_code::RDMAR_PROT, theirs: error_code::RDMAR_PROT };
+/// A refused RDMA read through the ring, on a reliable VI, as its
+/// initiator learns of it: the target reports the protection error, the
+/// initiator the connection lost (its descriptor says why), as on every path.
+pub(crate) const RDMAR_REFUSED: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAR_PROT };
 
 /// Slots an answer leaves free in the answering side's ring: requests,
 /// sends and writes of its own always find room, whatever it owes.

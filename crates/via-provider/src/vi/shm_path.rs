@@ -415,8 +415,9 @@ fn local_slices_mut(segs: &[LocalSeg]) -> Slices<IoSliceMut<'static>> {
 const NO_RECV: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::RECVQ_EMPTY };
 pub(crate) const LOST: Break = Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST };
 /// An RDMA write through the ring that this side refused, on a reliable VI:
-/// both ends report the protection error, as over the network.
-const RDMAW_REFUSED: Break = Break { mine: error_code::RDMAW_PROT, theirs: error_code::RDMAW_PROT };
+/// this side reports the protection error, the initiator the connection
+/// lost (its descriptor says why), as on every path.
+const RDMAW_REFUSED: Break = Break { mine: error_code::RDMAW_PROT, theirs: error_code::CONN_LOST };
 
 /// Carries out one validated send-queue operation on a connection.
 /// Returns the status bits to add, the length, and whether the connection must break.
