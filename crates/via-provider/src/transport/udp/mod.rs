@@ -287,6 +287,28 @@ impl progress::Source for NetPort {
     }
 }
 
+/// What a port is made of: `NetPort::open` finds it on the device and
+/// the kernel, `NetPort::simulated` on the simulator's wire.
+struct PortParts {
+    socket: UdpSocket,
+    /// The descriptors the helper thread watches for the port.
+    fds: Vec<RawFd>,
+    local4: SocketAddr,
+    local6: Option<SocketAddr>,
+    dual_stack: bool,
+    mtu: usize,
+    segment: usize,
+    /// `VIA_SEGMENT_SIZE` set the segment.
+    fixed_segment: bool,
+    /// Sends may use GSO.
+    offload: bool,
+    gro: bool,
+    ether: Option<EtherSocket>,
+    batch: Batch,
+    #[cfg(test)]
+    sim: Option<Arc<sim_wire::SimWire>>,
+}
+
 impl NetPort {
     /// Opens the port of `nic`: a dual-stack UDP socket, reached at the
     /// device's IPv4 address (and IPv6 address, if it has one); a plain IPv4
@@ -326,38 +348,25 @@ impl NetPort {
         };
         let mut fds = vec![socket.as_raw_fd()];
         fds.extend(ether.as_ref().map(EtherSocket::fd));
-        let watched = Mutex::new(Watched { fds, epoll: None });
-        let port = Arc::new(NetPort {
-            socket,
-            watched,
-            local4: SocketAddr::new(ip4, number),
-            local6: ip6.filter(|_| dual_stack).map(|ip| SocketAddr::new(ip, number)),
-            dual_stack,
-            segment,
-            fixed_segment: fixed_segment.is_some(),
-            large_payload: large_payload(device.mtu as usize),
-            mtu: device.mtu as usize,
-            gso: AtomicBool::new(offload),
-            gro,
-            gso_buffers: AtomicU64::new(0),
-            gro_buffers: AtomicU64::new(0),
-            ether,
-            vis: RwLock::new(HashMap::default()),
-            ended: Mutex::new(LastWords::default()),
-            engine: Mutex::new(Engine {
-                endpoint: Endpoint::new(segment),
-                input: Input { batch: Batch::new(tuning().recv_batch, buffer, gro), landing: None },
-                frame_slot: 0,
-                peers: Vec::new(),
-                idle_polls: 0,
-            }),
-            counters: counters.clone(),
-            handover: Handover::default(),
-            token: AtomicU64::new(0),
-            timers_due_ns: AtomicU64::new(0),
-            #[cfg(test)]
-            sim: None,
-        });
+        let port = Arc::new(NetPort::assemble(
+            PortParts {
+                socket,
+                fds,
+                local4: SocketAddr::new(ip4, number),
+                local6: ip6.filter(|_| dual_stack).map(|ip| SocketAddr::new(ip, number)),
+                dual_stack,
+                mtu: device.mtu as usize,
+                segment,
+                fixed_segment: fixed_segment.is_some(),
+                offload,
+                gro,
+                ether,
+                batch: Batch::new(tuning().recv_batch, buffer, gro),
+                #[cfg(test)]
+                sim: None,
+            },
+            counters,
+        ));
         // The engine holds the port weakly: it serves it while it lives.
         let token = progress::register(Arc::downgrade(&port) as Weak<dyn progress::Source>, true);
         port.token.store(token, Ordering::Release);
@@ -382,26 +391,48 @@ impl NetPort {
     ) -> Arc<NetPort> {
         let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("a loopback socket");
         let segment = segment_size(mtu, None);
-        Arc::new(NetPort {
-            socket,
-            watched: Mutex::new(Watched { fds: Vec::new(), epoll: None }),
-            local4: sim_wire::addr_of(wire.host),
-            local6: None,
-            dual_stack: false,
-            segment,
-            fixed_segment: false,
-            large_payload: large_payload(mtu),
-            mtu,
-            gso: AtomicBool::new(large),
-            gro: large,
+        Arc::new(NetPort::assemble(
+            PortParts {
+                socket,
+                fds: Vec::new(),
+                local4: sim_wire::addr_of(wire.host),
+                local6: None,
+                dual_stack: false,
+                mtu,
+                segment,
+                fixed_segment: false,
+                offload: large,
+                gro: large,
+                ether: None,
+                batch: Batch::new(1, HEADER_LEN + segment + 1, false),
+                sim: Some(wire),
+            },
+            counters,
+        ))
+    }
+
+    /// A port of `parts`, with nothing sent or received yet.
+    fn assemble(parts: PortParts, counters: &Counters) -> NetPort {
+        NetPort {
+            socket: parts.socket,
+            watched: Mutex::new(Watched { fds: parts.fds, epoll: None }),
+            local4: parts.local4,
+            local6: parts.local6,
+            dual_stack: parts.dual_stack,
+            segment: parts.segment,
+            fixed_segment: parts.fixed_segment,
+            large_payload: large_payload(parts.mtu),
+            mtu: parts.mtu,
+            gso: AtomicBool::new(parts.offload),
+            gro: parts.gro,
             gso_buffers: AtomicU64::new(0),
             gro_buffers: AtomicU64::new(0),
-            ether: None,
+            ether: parts.ether,
             vis: RwLock::new(HashMap::default()),
             ended: Mutex::new(LastWords::default()),
             engine: Mutex::new(Engine {
-                endpoint: Endpoint::new(segment),
-                input: Input { batch: Batch::new(1, HEADER_LEN + segment + 1, false), landing: None },
+                endpoint: Endpoint::new(parts.segment),
+                input: Input { batch: parts.batch, landing: None },
                 frame_slot: 0,
                 peers: Vec::new(),
                 idle_polls: 0,
@@ -410,8 +441,9 @@ impl NetPort {
             handover: Handover::default(),
             token: AtomicU64::new(0),
             timers_due_ns: AtomicU64::new(0),
-            sim: Some(wire),
-        })
+            #[cfg(test)]
+            sim: parts.sim,
+        }
     }
 
     /// Whether this port is the simulator's.
