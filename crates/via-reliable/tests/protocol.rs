@@ -294,6 +294,17 @@ fn three_one_packet_messages(t0: Instant) -> (Session, Session, Vec<Transmit>) {
     (a, b, p)
 }
 
+/// `three_one_packet_messages`, all three delivered to `b` while it holds
+/// its acknowledgements.
+fn three_arrived_while_acks_are_held(t0: Instant) -> (Session, Session, Vec<Transmit>) {
+    let (a, mut b, p) = three_one_packet_messages(t0);
+    b.hold_acks();
+    for t in &p {
+        deliver(&mut b, t0, t);
+    }
+    (a, b, p)
+}
+
 #[test]
 fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
     let t0 = Instant::now();
@@ -327,11 +338,7 @@ fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
 #[test]
 fn a_reply_acknowledges_what_the_owner_says_it_placed_while_acks_are_held() {
     let t0 = Instant::now();
-    let (mut a, mut b, p) = three_one_packet_messages(t0);
-    b.hold_acks();
-    for t in &p {
-        deliver(&mut b, t0, t);
-    }
+    let (mut a, mut b, p) = three_arrived_while_acks_are_held(t0);
     // Messages 1 and 2 placed; message 3 (seq 3) not yet.
     b.placed_before(p[2].header.seq);
     assert!(b.acks_held());
@@ -367,11 +374,7 @@ fn a_disconnect_acknowledges_everything_even_while_acks_are_held() {
 #[test]
 fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
     let t0 = Instant::now();
-    let (mut a, mut b, p) = three_one_packet_messages(t0);
-    b.hold_acks();
-    for t in &p {
-        deliver(&mut b, t0, t);
-    }
+    let (mut a, mut b, p) = three_arrived_while_acks_are_held(t0);
     // The owner placed message 1 and refused message 2 (seq 2).
     b.close_refusing(p[1].header.seq, 7);
     let out = drain(&mut b, t0);
@@ -384,11 +387,7 @@ fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
 #[test]
 fn a_lost_break_is_said_again_to_the_peers_retransmission() {
     let t0 = Instant::now();
-    let (mut a, mut b, p) = three_one_packet_messages(t0);
-    b.hold_acks();
-    for t in &p {
-        deliver(&mut b, t0, t);
-    }
+    let (mut a, mut b, p) = three_arrived_while_acks_are_held(t0);
     b.close_refusing(p[1].header.seq, 7);
     let out = drain(&mut b, t0);
     assert_eq!(out.len(), 1);

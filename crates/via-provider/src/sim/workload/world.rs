@@ -737,7 +737,7 @@ impl<'p> World<'p> {
         if let (Some(p), Some((_, b))) = (plan.broken_pair(), plan.breaking_op().filter(|&(bk, _)| bk == k)) {
             let (sender, receiver) = (ops[b].from, 1 - ops[b].from);
             // The target of a refused operation says why; its initiator
-            // lost the connection, as the shared-memory path reports it.
+            // lost the connection, as every path reports it.
             let (code, why) = match plan.breaking {
                 Some(Breaking::NoReceive) => (error_code::RECVQ_EMPTY, "a send found no receive"),
                 Some(Breaking::Refused { .. }) if ops[b].kind == Kind::Read => {
