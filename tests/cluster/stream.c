@@ -22,9 +22,10 @@
  * both ways.
  *
  * With --rdma the two first exchange the address and memory handle of their
- * receive slots (a message each, which takes their first receive), and each
- * message is written into the slot of the receive its immediate data then
- * completes (VIP_STATUS_OP_REMOTE_RDMA_WRITE), checked there as a message.
+ * receive slots (a message each, into a receive posted before the others),
+ * and each message is written into the slot of the receive its immediate
+ * data then completes (VIP_STATUS_OP_REMOTE_RDMA_WRITE), checked there as a
+ * message.
  *
  * The client's last batch is marked (the top bit of the immediate data); the
  * server answers with its last batch and disconnects once those sends have
@@ -60,13 +61,14 @@ typedef struct {
     int rdma; /* messages as RDMA writes into the peer's slots */
     VIP_UINT64 peer_slots; /* --rdma: the peer's receive slots */
     VIP_MEM_HANDLE peer_mh;
+    vt_mem xchg; /* --rdma: the slot exchange's send and receive buffers */
     VIP_NIC_HANDLE nic;
     VIP_PROTECTION_HANDLE ptag;
     VIP_VI_HANDLE vi;
     vt_errlog errs;
     vt_mem rbuf; /* batch receive slots of size bytes */
     vt_mem pat;  /* the send pattern: size + PATSPAN bytes */
-    vt_dpool pool; /* receives 0..batch-1, sends batch..2*batch-1 */
+    vt_dpool pool; /* receives 0..batch-1, sends batch..2*batch-1, the exchange's receive */
     uint32_t rnext, snext; /* next message number to receive / to send */
     size_t rhead, rposted; /* next receive to complete; receives posted */
     size_t shead, sposted;
@@ -189,9 +191,8 @@ static int send_turn(st_t *s, int expect_fault, int fin)
         VIP_UINT32 imm = no | (fin && i + 1 == s->batch ? FIN : 0);
         size_t slot = (s->shead + s->sposted) % s->batch;
         if (s->rdma) {
-            /* The exchange took the peer's first receive: message n
-             * completes its receive n + 1. */
-            VIP_UINT64 at = s->peer_slots + ((no + 1) % s->batch) * s->size;
+            /* Message n completes the peer's receive n mod batch. */
+            VIP_UINT64 at = s->peer_slots + (no % s->batch) * s->size;
             vt_desc_rdma(sdesc(s, slot), VIP_CONTROL_OP_RDMAWRITE | VIP_CONTROL_IMMEDIATE, imm, at,
                          s->peer_mh, s->pat.base + msg_off(no), s->pat.mh, msg_len(s, no), 1);
         } else {
@@ -215,32 +216,37 @@ static int recv_turn(st_t *s, int expect_fault)
     return 1;
 }
 
-/* --rdma: each side tells the other where its receive slots are, through
- * its first receive, which is posted again at the end of the queue. */
+/* --rdma: the exchange's receive, posted before the batch's receives, so
+ * that no message of the transfer can find it missing. */
+static VIP_DESCRIPTOR *xdesc(st_t *s) { return vt_dpool_get(&s->pool, 2 * s->batch); }
+
+static void post_exchange_recv(st_t *s)
+{
+    vt_mem_reg(&s->xchg, s->nic, s->ptag, 4096, VIP_FALSE, VIP_FALSE);
+    vt_desc_recv(xdesc(s), s->xchg.base + 2048, s->xchg.mh, 2048, 1);
+    CHECK_OK(VipPostRecv(s->vi, xdesc(s), s->pool.mem.mh));
+}
+
+/* --rdma: each side tells the other where its receive slots are. */
 static void exchange_slots(st_t *s)
 {
-    vt_mem x;
     VIP_DESCRIPTOR *d;
-    vt_mem_reg(&x, s->nic, s->ptag, 4096, VIP_FALSE, VIP_FALSE);
     VIP_UINT64 mine[2] = {(VIP_UINT64)(uintptr_t)s->rbuf.base, (VIP_UINT64)s->rbuf.mh};
-    memcpy(x.base, mine, sizeof mine);
-    vt_desc_send(sdesc(s, 0), VIP_CONTROL_OP_SENDRECV, 0, x.base, x.mh, sizeof mine, 1);
+    memcpy(s->xchg.base, mine, sizeof mine);
+    vt_desc_send(sdesc(s, 0), VIP_CONTROL_OP_SENDRECV, 0, s->xchg.base, s->xchg.mh, sizeof mine, 1);
     CHECK_OK(VipPostSend(s->vi, sdesc(s, 0), s->pool.mem.mh));
     d = vt_send_wait(s->vi);
     CHECK_PTR(sdesc(s, 0), d);
     CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_SEND, d);
     d = vt_recv_wait(s->vi);
-    CHECK_PTR(rdesc(s, 0), d);
+    CHECK_PTR(xdesc(s), d);
     CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, d);
     CHECK_EQ(sizeof mine, d->CS.Length);
     VIP_UINT64 theirs[2];
-    memcpy(theirs, s->rbuf.base, sizeof theirs);
+    memcpy(theirs, s->xchg.base + 2048, sizeof theirs);
     s->peer_slots = theirs[0];
     s->peer_mh = (VIP_MEM_HANDLE)theirs[1];
-    s->rhead = 1 % s->batch;
-    s->rposted--;
-    post_recv(s, 0);
-    vt_mem_dereg(&x);
+    vt_mem_dereg(&s->xchg);
 }
 
 /* The connection broke: check how. */
@@ -336,9 +342,11 @@ int main(int argc, char **argv)
     vt_mem_reg(&s.rbuf, s.nic, s.ptag, s.batch * s.size, s.rdma ? VIP_TRUE : VIP_FALSE, VIP_FALSE);
     vt_mem_reg(&s.pat, s.nic, s.ptag, s.size + PATSPAN, VIP_FALSE, VIP_FALSE);
     vt_fill(s.pat.base, s.size + PATSPAN, seed_from(s.server));
-    vt_dpool_init(&s.pool, s.nic, s.ptag, 2 * s.batch, 2);
+    vt_dpool_init(&s.pool, s.nic, s.ptag, 2 * s.batch + 1, 2);
     VIP_VI_ATTRIBUTES va = vt_vi_attrs(s.level, s.ptag, s.size, s.rdma ? VIP_TRUE : VIP_FALSE, VIP_FALSE);
     CHECK_OK(VipCreateVi(s.nic, &va, NULL, NULL, &s.vi));
+    if (s.rdma)
+        post_exchange_recv(&s);
     for (size_t i = 0; i < s.batch; i++)
         post_recv(&s, i);
     if (s.server)
