@@ -204,6 +204,19 @@ static void server(int fd, void *arg)
     free(me);
     free(peer);
 
+    /* A request taken before its timeout and accepted after it. */
+    vt_sync(fd, 40);
+    local = addr(&s, "late-accept");
+    post_recv(&s, v2, 3);
+    CHECK_OK(VipConnectWait(s.nic, local, VT_WAIT_MS, remote, &ra, &conn));
+    vt_sleep_ms(800); /* the client's timeout is 500 ms */
+    CHECK_OK(VipConnectAccept(conn, v2));
+    CHECK_STATE(VIP_STATE_CONNECTED, v2);
+    expect_msg(&s, v2, 3, 200, 40, 0x40);
+    vt_sync(fd, 41);
+    CHECK_OK(VipDisconnect(v2));
+    free(local);
+
     /* Reconnect the same VI, three times; the client disconnects first. */
     local = addr(&s, "reconnect");
     for (unsigned r = 0; r < 3; r++) {
@@ -404,8 +417,10 @@ static void client_steps(side_t *s, int fd)
     vt_sync(fd, 6);
     srv = addr(s, "unanswered");
     t0 = vt_now_ms();
-    CHECK_RET(VIP_TIMEOUT, VipConnectRequest(v1, me1, srv, 1500, &ra));
-    CHECK(elapsed_since(t0) >= 1499.0);
+    /* Taken by a waiter at once, it waits for the answer for 6 s from
+     * then, past its 500 ms timeout. */
+    CHECK_RET(VIP_TIMEOUT, VipConnectRequest(v1, me1, srv, 500, &ra));
+    CHECK(elapsed_since(t0) >= 5999.0);
     CHECK_STATE(VIP_STATE_IDLE, v1);
     CHECK_EQ(1, vt_get_u64(fd));
     vt_put_u64(fd, 2);
@@ -449,6 +464,18 @@ static void client_steps(side_t *s, int fd)
     CHECK_STATE(VIP_STATE_IDLE, v2);
     free(me);
     free(peer);
+
+    printf("request accepted after its timeout\n");
+    vt_sync(fd, 40);
+    srv = addr(s, "late-accept");
+    t0 = vt_now_ms();
+    CHECK_OK(VipConnectRequest(v2, me2, srv, 500, &ra));
+    CHECK(elapsed_since(t0) >= 799.0);
+    CHECK_STATE(VIP_STATE_CONNECTED, v2);
+    send_msg(s, v2, 3, 200, 40, 0x40);
+    vt_sync(fd, 41);
+    CHECK_OK(VipDisconnect(v2));
+    free(srv);
 
     printf("reconnect\n");
     srv = addr(s, "reconnect");

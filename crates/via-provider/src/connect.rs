@@ -9,6 +9,9 @@
 //! peer is comes from the kernel with its first message
 //! ([`crate::peer_channel`]), and a peer that does not say `Ready` within
 //! [`HANDSHAKE`] is dropped, so a listener goes on to the next request.
+//! Once matched, a request waits past its timeout for the listener's
+//! answer, up to [`TAKEN_GRACE`], as it does for a listener on another
+//! host: a request taken just before its timeout is not lost to it.
 
 use crate::endpoint::{Endpoint, PeerMessage};
 use crate::handles::Handle;
@@ -81,6 +84,8 @@ struct Introduction {
 /// An honest peer takes milliseconds; a listener waits no longer for one
 /// that does not, and goes on to the next request.
 pub const HANDSHAKE: Duration = Duration::from_secs(2);
+
+pub use viad_client::proto::TAKEN_GRACE;
 
 impl Parts {
     fn into_conn(self, intro: Introduction, lanes: LanePair, peer: Endpoint, vi: &Vi) -> Conn {
@@ -194,8 +199,7 @@ fn exchange_lanes(socket: &OwnedFd, nic: &Nic, pid: i32, deadline: &Deadline) ->
     // A thread asleep in VipCQWait looks again, at this lane too.
     nic.wake_cq_sleepers();
     peer_channel::send(socket.as_fd(), &PeerMessage::Lane, Some(lane_in.queues.fd()))?;
-    let limit = Deadline::after_ms(deadline.next_sleep(HANDSHAKE).as_millis().min(u128::from(u64::MAX - 1)) as u64);
-    let got = peer_channel::recv(socket.as_fd(), Some(nic.closing.as_fd()), &limit)?
+    let got = peer_channel::recv(socket.as_fd(), Some(nic.closing.as_fd()), &deadline.capped(HANDSHAKE))?
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, "no lane from the peer"))?;
     match (got.msg, got.sender, got.fd) {
         (PeerMessage::Lane, Some(sender), Some(fd)) if sender.pid == pid => {
@@ -266,10 +270,9 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
         let (peer, answer) = match incoming.transport {
             client::Transport::Local(fds) => {
                 let parts = map_parts(fds, Side::B)?;
-                // The client says Ready once its receives are published.
-                let handshake =
-                    Deadline::after_ms(deadline.next_sleep(HANDSHAKE).as_millis().min(u128::from(u64::MAX - 1)) as u64);
-                match introduction(&parts.socket, nic, &handshake) {
+                // The client says Ready once its receives are published;
+                // matched in time, it has the whole handshake for that.
+                match introduction(&parts.socket, nic, &Deadline::after_ms(HANDSHAKE.as_millis() as u64)) {
                     Ok(Some((PeerMessage::Ready(peer), Some(intro)))) => (peer, Answer::Local(parts, intro)),
                     Ok(None) if deadline.passed() => return Err(ViaError::Timeout),
                     // A client that vanished, lied or dawdled during the
@@ -507,7 +510,9 @@ fn rendezvous(
     };
     match (matched.fds, identity) {
         (Some(fds), _) => {
-            let conn = shm_handshake(vi, fds, side(matched.side), deadline, peer_model)?;
+            // Matched: the listener's answer may come past the timeout.
+            let answer_by = deadline.extended_by(TAKEN_GRACE);
+            let conn = shm_handshake(vi, fds, side(matched.side), &answer_by, peer_model)?;
             Ok(Linked { peer: conn.peer, link: Link::Shm(conn) })
         }
         (None, Some((port, key, _))) => {

@@ -25,6 +25,15 @@ impl Deadline {
     pub fn passed(&self) -> bool {
         matches!(self.0, Some(d) if Instant::now() >= d)
     }
+    /// The later of this deadline and `grace` from now.
+    pub fn extended_by(&self, grace: Duration) -> Deadline {
+        Deadline(self.0.map(|d| d.max(Instant::now() + grace)))
+    }
+    /// `max` from now, or sooner if this deadline comes first.
+    pub fn capped(&self, max: Duration) -> Deadline {
+        let cap = Instant::now() + max;
+        Deadline(Some(self.0.map_or(cap, |d| d.min(cap))))
+    }
     /// Time left as a Duration, with "for ever" as a long time.
     pub fn remaining_or_long(&self) -> Duration {
         self.remaining().unwrap_or(Duration::from_secs(100 * 365 * 24 * 3600))
