@@ -217,7 +217,7 @@ fn random_net(r: &mut SimRng) -> NetConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vi::ViAttrs;
+    use crate::vi::{ViAttrs, ViState};
     use via_core::consts::*;
     use via_core::descriptor::DescPtr;
     use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
@@ -322,6 +322,46 @@ mod tests {
         // packets went as frames.
         assert!(lost > 0 && retransmits >= lost, "{lost} lost, {retransmits} sent again");
         assert!(frames > 0);
+    }
+
+    /// Runs the world until `done` holds or `limit` of virtual time has passed.
+    fn run_until(sim: &mut Sim, limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let until = sim.elapsed() + limit;
+        while sim.elapsed() < until {
+            if done() {
+                return true;
+            }
+            sim.step();
+        }
+        done()
+    }
+
+    #[test]
+    fn a_vi_that_connects_again_still_says_its_last_word_to_the_old_peer() {
+        const NONE: Faults =
+            Faults { loss: 0.0, duplicate: 0.0, reorder: 0.0, corrupt: 0.0, misdirect: 0.0, partition: None };
+        for seed in 0..4 {
+            let mut sim = Sim::new(seed, 3, NONE);
+            let nics: Vec<Arc<Nic>> = (0..3).map(|h| sim.nic(h).clone()).collect();
+            let tags: Vec<Handle> = nics.iter().map(|n| n.create_ptag().unwrap()).collect();
+            let vis: Vec<Arc<Vi>> = nics.iter().zip(&tags).map(|(n, &t)| vi(n, t, SERVICE_RELIABLE_DELIVERY)).collect();
+            let (a, b, c) = (&vis[0], &vis[1], &vis[2]);
+            sim.connect(a, b).unwrap();
+            // a disconnects, and its DISCONNECT is lost on the way to b.
+            a.disconnect().unwrap();
+            assert!(!sim.hosts[0].wire.sent.lock().take().is_empty(), "seed {seed}: a said nothing");
+            // a's VI, the same id, connects to c with a new key.
+            sim.connect(a, c).unwrap();
+            // b, which never heard, sends to a: a's port answers b's
+            // packets with the old word, long before b's own timeouts.
+            let mb = Memory::new(&nics[1], nics[1].ptag(tags[1]).unwrap().id, 1 << 16);
+            b.post_send(mb.descriptor(0, 4096, 100), mb.mem).unwrap();
+            let heard = run_until(&mut sim, Duration::from_secs(3), || b.state() == ViState::Error);
+            assert!(heard, "seed {seed}: b is {:?} after {:?}", b.state(), sim.elapsed());
+            assert!(nics[0].counters.get(crate::counters::Counter::LastWordsRepeated) > 0, "seed {seed}");
+            // a's new connection is not touched.
+            assert_eq!(a.state(), ViState::Connected, "seed {seed}");
+        }
     }
 
     #[test]

@@ -50,9 +50,9 @@ impl LastWords {
         }
     }
 
-    /// VI id `vi` connects again: its old word is void.
-    pub(crate) fn forget(&mut self, vi: u32) {
-        self.by_vi.remove(&vi);
+    /// Whether a word of VI id `vi` is still said at `now`.
+    pub(crate) fn holds(&self, vi: u32, now: Instant) -> bool {
+        self.by_vi.get(&vi).is_some_and(|k| k.until > now)
     }
 
     /// The word to say again, and where, if `packets` (arrived at `now`
@@ -92,7 +92,7 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_word_answers_the_peers_packets_until_it_lingered_or_the_vi_connects_again() {
+    fn a_kept_word_answers_the_peers_packets_until_it_lingered() {
         let t0 = Instant::now();
         let peer: SocketAddr = "10.0.0.2:4791".parse().unwrap();
         let mut words = LastWords::default();
@@ -105,10 +105,10 @@ mod tests {
         assert_eq!(words.answer(LOCAL.vi, &[(from_peer(Kind::Data, 1), &[][..])], t0), None);
         assert_eq!(words.answer(LOCAL.vi + 1, &data, t0), None);
         assert_eq!(words.answer(LOCAL.vi, &[(from_peer(Kind::Break, LOCAL.key), &[][..])], t0), None);
-        // Gone after LINGER, or once the VI id connects again.
+        // Gone after LINGER.
+        assert!(words.holds(LOCAL.vi, t0) && !words.holds(LOCAL.vi + 1, t0));
         assert_eq!(words.answer(LOCAL.vi, &data, t0 + LINGER), None);
-        words.forget(LOCAL.vi);
-        assert_eq!(words.answer(LOCAL.vi, &data, t0), None);
+        assert!(!words.holds(LOCAL.vi, t0 + LINGER));
     }
 
     #[test]

@@ -122,7 +122,7 @@ pub struct NetPort {
     gro_buffers: AtomicU64,
     /// The port's Ethernet side, where the process may open it (`ether`).
     ether: Option<EtherSocket>,
-    vis: RwLock<HashMap<u32, Weak<dyn NetReceiver>, BuildHasherDefault<IdHasher>>>,
+    vis: RwLock<HashMap<u32, Route, BuildHasherDefault<IdHasher>>>,
     /// The last words of this port's ended connections, said again to
     /// their peers' retransmissions.
     ended: Mutex<LastWords>,
@@ -545,10 +545,12 @@ impl NetPort {
         }
     }
 
-    /// Routes packets for VI id `vi` to `target`.
+    /// Routes packets for VI id `vi` to `target`.  A word its last
+    /// connection ended with is still said to that connection's peer: the
+    /// keys tell the two connections' packets apart.
     pub(crate) fn register(&self, vi: u32, target: Weak<dyn NetReceiver>) {
-        self.ended.lock().forget(vi);
-        self.vis.write().insert(vi, target);
+        let last_word = self.ended.lock().holds(vi, crate::clock::now());
+        self.vis.write().insert(vi, Route { vi: target, last_word });
     }
 
     /// Stops routing packets to VI id `vi`, whose connection ended; with
@@ -561,9 +563,9 @@ impl NetPort {
         self.vis.write().remove(&vi);
     }
 
-    /// Packets came for VI id `vi`, which has no connection: if they are
-    /// the retransmissions of a peer whose connection with it ended, the
-    /// peer hears its last word again (once for the batch).
+    /// Packets came for VI id `vi`, which has no connection or a new one:
+    /// if they are the retransmissions of a peer whose connection with it
+    /// ended, the peer hears its last word again (once for the batch).
     fn answer_ended(&self, vi: u32, packets: &[(Header, &[u8])]) {
         let answer = self.ended.lock().answer(vi, packets, crate::clock::now());
         if let Some((header, peer)) = answer {
@@ -797,7 +799,7 @@ impl NetPort {
         self.count_coalesced(&input.batch, n);
         if let Some(id) = arrivals.datagrams(input.batch.datagrams(n)) {
             if !input.landing.as_ref().is_some_and(|l| l.fd == fd && l.id == id) {
-                input.landing = self.vis.read().get(&id).map(|vi| Landing { fd, id, vi: vi.clone() });
+                input.landing = self.vis.read().get(&id).map(|r| Landing { fd, id, vi: r.vi.clone() });
             }
         }
     }
@@ -812,7 +814,7 @@ impl NetPort {
 
     /// Runs the timers of every VI on this port; returns the next deadline.
     pub fn run_timers(&self, now: Instant) -> Option<Instant> {
-        let vis: Vec<Arc<dyn NetReceiver>> = self.vis.read().values().filter_map(Weak::upgrade).collect();
+        let vis: Vec<Arc<dyn NetReceiver>> = self.vis.read().values().filter_map(|r| r.vi.upgrade()).collect();
         vis.iter().filter_map(|vi| vi.net_timers(now)).min()
     }
 
@@ -1008,17 +1010,29 @@ impl Datapath for PacketRing<'_> {
 /// The port's VIs, as its endpoint routes packets to them.
 struct PortRoutes<'a>(&'a NetPort);
 
+/// Where a VI id's packets go.
+struct Route {
+    vi: Weak<dyn NetReceiver>,
+    /// The id's last connection ended with a word still kept, which its
+    /// peer's packets may be owed (`LastWords`).
+    last_word: bool,
+}
+
 impl Routes for PortRoutes<'_> {
     fn deliver(&mut self, id: u32, packets: &[(Header, &[u8])], frame: bool, app_away: bool) -> Option<bool> {
-        let target = self.0.vis.read().get(&id).and_then(Weak::upgrade);
+        let (target, last_word) = self.0.vis.read().get(&id).map_or((None, true), |r| (r.vi.upgrade(), r.last_word));
         if target.is_none() {
             tracing::debug!(vi = id, "packets for an unknown VI");
+        }
+        // The new connection's session drops the old one's packets (their
+        // key); their peer is owed the old word.
+        if last_word {
             self.0.answer_ended(id, packets);
         }
         Some(target?.net_input(packets, frame, app_away))
     }
     fn send_owed_ack(&mut self, id: u32, app_away: bool) {
-        if let Some(vi) = self.0.vis.read().get(&id).and_then(Weak::upgrade) {
+        if let Some(vi) = self.0.vis.read().get(&id).and_then(|r| r.vi.upgrade()) {
             vi.send_owed_ack(app_away);
         }
     }
