@@ -1,6 +1,14 @@
 //! The transports under the VIs: shared memory between processes of one
-//! host (`shm`), and UDP with its Ethernet side
-//! between hosts (`udp`).
+//! host (`shm`), and UDP with its Ethernet side between hosts (`udp`).
+//!
+//! Each directory holds the whole transport: its I/O below the NIC, and
+//! its side of the VI (`path`: what a post, a drain and an arriving
+//! message mean on it), written as methods of `Vi` that use the VI's
+//! queues and completions.  The VI reaches a transport through its
+//! `Link` and the methods of its `path`: carrying out a posted send
+//! (`post_shm`, `post_net`), moving receives on (`drain_ring`; the
+//! port's `NetReceiver`), ending the connection (`Link::end`) and
+//! sleeping where the transport wakes it.
 
 pub mod shm;
 pub mod udp;

@@ -1,15 +1,12 @@
 //! VIs: the VIA object, with its state machine, its work queues and their
-//! completions.  What moves the data is the VI's transport: the
-//! shared-memory path (`shm_path`, with RDMA reads through the ring in
-//! `ring_read`) or the network path (`net_path`); the VI dispatches to the
-//! one its connection uses (`transport::Link`).  Lock order: `recv` before
-//! `send`.
+//! completions.  What moves the data is the VI's transport, whose side of
+//! the VI lives with it: `transport::shm::path` (with RDMA reads through
+//! the ring in `transport::shm::read_path`) and `transport::udp::path`.
+//! The VI dispatches to the one its connection uses (`transport::Link`).
+//! Lock order: `recv` before `send`.
 
-mod net_path;
-mod ring_read;
-mod shm_path;
-
-use shm_path::publish;
+use crate::transport::shm::conn::publish;
+use crate::transport::shm::ring_read;
 
 use crate::counters::StageTimer;
 use crate::counters::{Counter, CounterRow};
@@ -291,7 +288,7 @@ pub struct Vi {
     /// Shared memory: the ring slot of the next message (`Ring::next_slot`),
     /// for a CQ poll that names this VI to prefetch before `VipRecvDone`
     /// reads it.  A hint only: a prefetch never faults, whatever is mapped.
-    rx_slot: AtomicUsize,
+    pub(crate) rx_slot: AtomicUsize,
     /// The lane of the peer process this VI is connected to (0: none): CQ
     /// entries for this VI count only from that lane ([`crate::lane`]).
     pub(crate) lane: AtomicU64,
@@ -669,7 +666,7 @@ impl Vi {
     /// Records the transport of a connection that completes (both queue
     /// locks held): the send queue holds it, and a network link is also
     /// readable without the queue locks, for the port's receive path.
-    fn attach_link(&self, s: &mut SendQueue, link: Link) {
+    pub(crate) fn attach_link(&self, s: &mut SendQueue, link: Link) {
         if let Link::Net(net) = &link {
             *self.net.lock() = Some(net.clone());
             self.networked.store(true, Ordering::Release);
@@ -1080,7 +1077,24 @@ pub(crate) fn progress_nic(nic: &Nic) {
     if let Some(engine) = &nic.send_engine {
         engine.sweep();
     }
-    ring_read::progress(nic);
+    ring_progress(nic);
+}
+
+/// Drains the rings of the VIs of `nic` that have RDMA reads through the
+/// ring in flight or answers owed: a CQ poll or a wait on a work queue
+/// gets them on.  One load while there are none in the process.
+fn ring_progress(nic: &Nic) {
+    if !ring_read::pending() {
+        return;
+    }
+    let vis: Vec<_> = nic.shm_conns.lock().iter().map(|(vi, _)| *vi).collect();
+    for vi in vis {
+        if let Ok(vi) = Vi::get(vi) {
+            if vi.ring_work.load(Ordering::Acquire) != 0 {
+                vi.ring_progress();
+            }
+        }
+    }
 }
 
 fn check_attrs(nic: &Nic, attrs: &ViAttrs) -> ViaResult<Arc<crate::nic::Ptag>> {

@@ -13,9 +13,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use via_core::consts::error_code;
+use via_core::descriptor::LocalSeg;
+use via_core::error::{ViaError, ViaResult};
 use via_shm::bell::Bell;
 use via_shm::conn::ConnSegment;
 use via_shm::inbox::Inbox;
+use via_shm::recv::RecvSeg;
 use via_shm::table::TableSegment;
 
 /// How long a fence waits for a peer's copy under way: an honest one takes
@@ -145,4 +148,11 @@ impl Conn {
             tracing::warn!("the peer held a copy past {FENCE_LIMIT:?} while the connection closed");
         }
     }
+}
+
+/// Publishes a receive's buffers in the connection segment's receive
+/// cache, where the peer takes them; returns its sequence number.
+pub(crate) fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
+    let segs = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len, handle: s.handle });
+    seg.my_recvs().publish(segs).map_err(|_| ViaError::Resource)
 }

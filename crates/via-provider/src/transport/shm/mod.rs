@@ -1,7 +1,12 @@
 //! The shared-memory transport between processes of one host: the
 //! connection a VI drives (`conn`), over the rings, caches, lanes and bells
-//! of `via-shm`.
+//! of `via-shm`; the VI's side of it (`path`); RDMA reads through the
+//! ring where cross-memory attach is refused (`ring_read`, the protocol,
+//! and `read_path`, the VI's side).
 
 pub mod conn;
+mod path;
+mod read_path;
+pub(crate) mod ring_read;
 
 pub use conn::Conn;

@@ -26,6 +26,7 @@ mod batch;
 pub(crate) mod ether;
 mod last_words;
 pub(crate) mod neighbours;
+mod path;
 pub(crate) mod peer_socket;
 pub(crate) mod send;
 #[cfg(test)]
@@ -56,7 +57,7 @@ use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
 use viad_client::client::DeviceInfo;
 
 /// A connected VI as its port sees it: where its packets go.  (`Vi`
-/// implements it, in `net_path`; the port names no VI type.)
+/// implements it, in `path`; the port names no VI type.)
 pub(crate) trait NetReceiver: Send + Sync {
     /// Packets for it arrived (in an Ethernet frame if `frame`).  Returns
     /// whether its session owes an acknowledgement it held back (with

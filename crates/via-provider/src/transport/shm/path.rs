@@ -6,20 +6,19 @@
 //! forbids cross-memory attach) stays in flight until its answer is drained
 //! (`ring_read`).  Receives complete when the owner drains its ring.
 
-use super::{reliable, Break, Drain, Pieces, RecvQueue, RingWrite, SendItem, SendQueue, Vi, ViAttrs};
 use crate::counters::{Counter, CounterRow, StageTimer};
 use crate::endpoint::NO_CQ;
 use crate::queue_lock::QueueGuard;
 use crate::transport::shm::Conn;
 use crate::transport::Link;
 use crate::tuning::tuning;
+use crate::vi::{reliable, Break, Drain, Pieces, RecvQueue, RingWrite, SendItem, SendQueue, Vi, ViAttrs};
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use via_core::consts::error_code;
 use via_core::consts::*;
 use via_core::descriptor::{validate, DescPtr, LocalSeg, Op, Rules, WorkRequest};
-use via_core::error::{ViaError, ViaResult};
 use via_core::registry::{PublishedTable, REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_shm::cma;
 use via_shm::conn::ConnSegment;
@@ -47,7 +46,7 @@ impl Vi {
     /// Carries out a validated send-queue operation on the shared-memory
     /// connection (`carry_out`, with `q` locked): at once, with the
     /// descriptor complete on return, except an RDMA read through the ring.
-    pub(super) fn post_shm(
+    pub(crate) fn post_shm(
         &self,
         mut q: QueueGuard<'_, SendQueue>,
         desc: DescPtr,
@@ -119,7 +118,7 @@ impl Vi {
         }
     }
 
-    pub(super) fn drain_ring(&self, q: &mut RecvQueue, seg: &ConnSegment, how: Drain) -> Option<Break> {
+    pub(crate) fn drain_ring(&self, q: &mut RecvQueue, seg: &ConnSegment, how: Drain) -> Option<Break> {
         let rx = seg.rx();
         let impossible = || {
             tracing::warn!(vi = self.handle, "peer wrote an impossible ring entry");
@@ -285,7 +284,7 @@ impl Vi {
 
     /// Takes in one slot of an RDMA write through the ring (the peek of
     /// `hdr`): its header is checked against this process's registry, tag
-    /// and enables (as `net_path::local_allows` does for the network), its
+    /// and enables (as `udp::path::local_allows` does for the network), its
     /// pieces land only where that allowed, and each piece's range is
     /// checked again where it lands (a region deregistered meanwhile takes
     /// no byte).  A refused write writes nothing; on a reliable VI it
@@ -387,11 +386,6 @@ impl Vi {
             && matches!(rules.registry.lookup(handle),
                 Some(r) if r.ptag == rules.ptag && r.flags & REGION_RDMA_WRITE != 0 && r.contains(addr, len))
     }
-}
-
-pub(super) fn publish(seg: &ConnSegment, segs: &[LocalSeg]) -> ViaResult<u64> {
-    let segs = segs.iter().map(|s| RecvSeg { addr: s.addr, len: s.len, handle: s.handle });
-    seg.my_recvs().publish(segs).map_err(|_| ViaError::Resource)
 }
 
 /// The buffers of a validated descriptor, inline for the usual few: a copy
