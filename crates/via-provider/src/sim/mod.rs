@@ -106,7 +106,10 @@ impl Sim {
         crate::connect::link_directly(a, b)?;
         for vi in [a, b] {
             let host = self.hosts.iter().position(|h| h.nic.handle == vi.nic.handle).expect("a VI of a simulated host");
-            self.vis.push((host, Arc::downgrade(vi)));
+            // A VI that connects again keeps its place in the order.
+            if !self.vis.iter().any(|(_, known)| std::ptr::eq(known.as_ptr(), Arc::as_ptr(vi))) {
+                self.vis.push((host, Arc::downgrade(vi)));
+            }
         }
         Ok(())
     }

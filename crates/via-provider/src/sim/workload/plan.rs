@@ -292,6 +292,14 @@ impl Plan {
         }
     }
 
+    /// Whether every pair connects again after the ending and repeats the
+    /// first round, which breaks nothing (there is another round after it)
+    /// and which a seed whose receives may go missing (lossy) or whose
+    /// hosts die or stay cut off does not repeat.
+    pub fn again(&self) -> bool {
+        !self.lossy && self.rounds.len() > 1 && self.disrupted_after().is_none()
+    }
+
     /// The round after which the disruption comes, if the workload
     /// takes part in it.
     pub fn disrupted_after(&self) -> Option<usize> {

@@ -65,6 +65,8 @@ pub(crate) struct Summary {
     pub stats: NetStats,
     /// Descriptors completed and judged.
     pub completions: u64,
+    /// Whether its VIs connected again after the ending.
+    pub again: bool,
 }
 
 struct Host {
@@ -151,6 +153,7 @@ pub(super) struct World<'p> {
     /// Error callbacks that must come: host, VI, code, why.
     reports: Vec<(usize, Handle, u32, String)>,
     completions: u64,
+    again: bool,
 }
 
 impl<'p> World<'p> {
@@ -231,7 +234,7 @@ impl<'p> World<'p> {
             let [e0, e1]: [End; 2] = pair.try_into().ok().expect("two ends");
             ends.push([e0, e1]);
         }
-        let mut world = World { sim, plan, inject, hosts, ends, reports: Vec::new(), completions: 0 };
+        let mut world = World { sim, plan, inject, hosts, ends, reports: Vec::new(), completions: 0, again: false };
         for p in 0..world.ends.len() {
             let [a, b] = &world.ends[p];
             world.sim.connect(&a.vi, &b.vi).map_err(|e| format!("pair {p}: connecting: {e:?}"))?;
@@ -910,6 +913,24 @@ impl<'p> World<'p> {
         Ok(())
     }
 
+    // ---- connecting again -------------------------------------------------------------------
+
+    /// After the ending, every pair's VIs connect to each other again, with
+    /// new keys, while packets of their ended connections may still be on
+    /// the way (duplicated, reordered): the new connections must neither
+    /// take those nor be disturbed by the last words they are answered with.
+    pub fn connect_again(&mut self) -> Result<(), String> {
+        for p in 0..self.ends.len() {
+            let [a, b] = &self.ends[p];
+            self.sim.connect(&a.vi, &b.vi).map_err(|e| format!("pair {p}: connecting again: {e:?}"))?;
+            for s in 0..2 {
+                self.check_state(p, s, ViState::Connected, "once connected again")?;
+            }
+        }
+        self.again = true;
+        Ok(())
+    }
+
     // ---- the ending -------------------------------------------------------------------------
 
     /// Receives left posted on both ends of every pair, then one end
@@ -1010,7 +1031,12 @@ impl<'p> World<'p> {
             }
             host.nic.destroy_ptag(host.ptag).map_err(|e| format!("host {h}: VipDestroyPtag: {e:?}"))?;
         }
-        Ok(Summary { elapsed: self.sim.elapsed(), stats: self.sim.stats(), completions: self.completions })
+        Ok(Summary {
+            elapsed: self.sim.elapsed(),
+            stats: self.sim.stats(),
+            completions: self.completions,
+            again: self.again,
+        })
     }
 
     /// Waits (in real time: the callbacks run on the provider's helper
