@@ -87,6 +87,10 @@ pub const HANDSHAKE: Duration = Duration::from_secs(2);
 
 pub use viad_client::proto::TAKEN_GRACE;
 
+/// How long past its own timeout a listener waits for the `Ready` of a
+/// client matched just before it (an honest one takes milliseconds).
+pub const READY_GRACE: Duration = Duration::from_millis(500);
+
 impl Parts {
     fn into_conn(self, intro: Introduction, lanes: LanePair, peer: Endpoint, vi: &Vi) -> Conn {
         // The peer's copies into us need our leave where Yama restricts
@@ -271,10 +275,11 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
             client::Transport::Local(fds) => {
                 let parts = map_parts(fds, Side::B)?;
                 // The client says Ready once its receives are published;
-                // matched in time, it has the whole handshake for that.
-                match introduction(&parts.socket, nic, &Deadline::after_ms(HANDSHAKE.as_millis() as u64)) {
+                // matched just before the timeout, it still has a moment.
+                let ready_by = deadline.extended_by(READY_GRACE).capped(HANDSHAKE);
+                match introduction(&parts.socket, nic, &ready_by) {
                     Ok(Some((PeerMessage::Ready(peer), Some(intro)))) => (peer, Answer::Local(parts, intro)),
-                    Ok(None) if deadline.passed() => return Err(ViaError::Timeout),
+                    _ if deadline.passed() => return Err(ViaError::Timeout),
                     // A client that vanished, lied or dawdled during the
                     // handshake: wait for the next one.
                     _ => continue,
