@@ -950,14 +950,7 @@ impl Vi {
         // completes unwritten in its turn.  (Posted directly, the region
         // was checked just now: one load of a line in the cache.)
         if !rules.registry.is_live(mem) {
-            let item =
-                SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
-            q.items.push_back(item);
-            let completed = q.advance();
-            drop(q);
-            for _ in 0..completed {
-                self.push_cq(false);
-            }
+            self.queue_completed_send(q, desc, mem);
             self.bump();
             return;
         }
@@ -973,6 +966,20 @@ impl Vi {
             return;
         }
         self.post_shm(q, desc, mem, &rules, &attrs);
+    }
+
+    /// Queues a send whose descriptor is complete already (or left
+    /// unwritten, its region gone), moves the completed prefix on and
+    /// unlocks the queue; the send CQ hears of each completion.
+    pub(crate) fn queue_completed_send(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
+        // Complete already: `epoch` is never asked.
+        let item = SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
+        q.items.push_back(item);
+        let completed = q.advance();
+        drop(q);
+        for _ in 0..completed {
+            self.push_cq(false);
+        }
     }
 
     /// `VipSendDone`.

@@ -12,7 +12,7 @@ use crate::queue_lock::QueueGuard;
 use crate::transport::shm::Conn;
 use crate::transport::Link;
 use crate::tuning::tuning;
-use crate::vi::{reliable, Break, Drain, Pieces, RecvQueue, RingWrite, SendItem, SendQueue, Vi, ViAttrs};
+use crate::vi::{reliable, Break, Drain, Pieces, RecvQueue, RingWrite, SendQueue, Vi, ViAttrs};
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -103,14 +103,7 @@ impl Vi {
         };
         let timer = StageTimer::start();
         desc.complete(status, length, None);
-        // Complete already: `epoch` is never asked.
-        let item = SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
-        q.items.push_back(item);
-        let completed = q.advance();
-        drop(q);
-        for _ in 0..completed {
-            self.push_cq(false);
-        }
+        self.queue_completed_send(q, desc, mem);
         timer.stop(counters, Counter::CompleteNs, Some(Counter::Completions));
         self.bump();
         if let Some(why) = broken {

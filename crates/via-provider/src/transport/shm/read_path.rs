@@ -94,13 +94,7 @@ impl Vi {
             return;
         };
         desc.complete(STATUS_OP_RDMA_READ | bits, 0, None);
-        let item = SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
-        q.items.push_back(item);
-        let completed = q.advance();
-        drop(q);
-        for _ in 0..completed {
-            self.push_cq(false);
-        }
+        self.queue_completed_send(q, desc, mem);
         self.bump();
         self.break_connection(why);
     }
