@@ -22,10 +22,10 @@ use crate::provider;
 use crate::timeout::Deadline;
 pub(crate) use crate::transport::shm::Conn;
 use crate::transport::udp::{NetLink, NetPort};
-pub(crate) use crate::transport::Linked;
-use crate::transport::{Ending, Link};
+use crate::transport::Ending;
 use crate::tuning::tuning;
-use crate::vi::{Vi, ViState};
+pub(crate) use crate::vi::Linked;
+use crate::vi::{Link, Transport, Vi, ViState};
 use parking_lot::Mutex;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::AtomicBool;
@@ -333,14 +333,14 @@ pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
                 vi.detach_segment();
                 return Err(ViaError::Timeout);
             };
-            vi.connected(Arc::new(parts.into_conn(intro, lanes, pending.peer, vi)));
+            Arc::new(parts.into_conn(intro, lanes, pending.peer, vi)).complete(vi);
         }
         Answer::Remote { responder, endpoint } => {
             let family = if endpoint.addr.is_ipv6() { &[0u8; 16][..] } else { &[0u8; 4][..] };
             let (port, key, info) = net_identity(vi, family)?;
             let link = net_link(vi, port, key, &endpoint);
             // Connected before answering, so that the client's first packets find the VI.
-            vi.connected_net(link);
+            link.complete(vi);
             if let Err(e) = responder.accept(&info) {
                 tracing::warn!("accepting a remote connection: {e}");
                 let _ = vi.disconnect();
@@ -529,10 +529,7 @@ fn rendezvous(
 }
 
 fn finish(vi: &Arc<Vi>, linked: Linked) -> Endpoint {
-    match linked.link {
-        Link::Shm(conn) => vi.connected(conn),
-        Link::Net(link) => vi.connected_net(link),
-    }
+    linked.link.complete(vi);
     linked.peer
 }
 

@@ -144,7 +144,8 @@ impl Sim {
         self.vis.retain(|(_, vi)| vi.strong_count() > 0);
         for (h, vi) in &self.vis {
             if let (false, Some(vi)) = (self.hosts[*h].dead, vi.upgrade()) {
-                let next = vi.net_timers(now);
+                let Some(link) = vi.send.lock().net().cloned() else { continue };
+                let next = vi.net_timers(&link, now);
                 self.next_timer = self.next_timer.into_iter().chain(next).min();
             }
         }

@@ -2,8 +2,12 @@
 //! completions.  What moves the data is the VI's transport, whose side of
 //! the VI lives with it: `transport::shm::path` (with RDMA reads through
 //! the ring in `transport::shm::read_path`) and `transport::udp::path`.
-//! The VI dispatches to the one its connection uses (`transport::Link`).
+//! The VI dispatches to the one its connection uses (`link::Link`).
 //! Lock order: `recv` before `send`.
+
+mod link;
+
+pub(crate) use link::{Link, Linked, Transport};
 
 use crate::transport::shm::conn::publish;
 use crate::transport::shm::ring_read;
@@ -18,7 +22,7 @@ use crate::nic::{ErrorEvent, Nic};
 use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::transport::shm::Conn;
-use crate::transport::{Ending, Link};
+use crate::transport::Ending;
 use crate::tuning::{tuning, CqMode, Doorbell};
 use crate::vi_attrs::AttrCell;
 pub use crate::vi_attrs::ViAttrs;
@@ -33,7 +37,7 @@ use via_core::consts::{error_code, resource_code};
 use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, Rules, Segs};
 use via_core::error::{ViaError, ViaResult};
 use via_shm::conn::ConnSegment;
-use via_shm::{cma, futex};
+use via_shm::futex;
 
 /// `VIP_VI_STATE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,9 +285,8 @@ pub struct Vi {
     state: AtomicU8,
     pub(crate) recv: QueueMutex<RecvQueue>,
     pub(crate) send: QueueMutex<SendQueue>,
-    /// Network: the link, readable without the queue locks.
-    pub(crate) net: Mutex<Option<Arc<crate::transport::udp::NetLink>>>,
-    /// Whether `net` holds a link: what every poll asks, without the lock.
+    /// Whether the send queue's link is a network link: what every poll
+    /// asks, without the queue's lock (`Vi::attach_link`).
     pub(crate) networked: AtomicBool,
     /// Shared memory: the ring slot of the next message (`Ring::next_slot`),
     /// for a CQ poll that names this VI to prefetch before `VipRecvDone`
@@ -296,7 +299,7 @@ pub struct Vi {
     wake_word: AtomicU32,
     sleepers: AtomicUsize,
     /// Outcome of an asynchronous peer connection request.
-    pub(crate) peer_outcome: Mutex<Option<ViaResult<crate::transport::Linked>>>,
+    pub(crate) peer_outcome: Mutex<Option<ViaResult<Linked>>>,
     /// Set when the VI is destroyed, for notify threads.
     pub destroyed: std::sync::atomic::AtomicBool,
     /// Its doorbell (`VIA_DOORBELL=d1`).
@@ -358,7 +361,6 @@ impl Vi {
                 state: AtomicU8::new(ViState::Idle as u8),
                 recv: QueueMutex::new(RecvQueue { tally: nic.counters.row(), ..Default::default() }),
                 send: QueueMutex::new(SendQueue { tally: nic.counters.row(), ..Default::default() }),
-                net: Mutex::new(None),
                 networked: AtomicBool::new(false),
                 rx_slot: AtomicUsize::new(0),
                 lane: AtomicU64::new(0),
@@ -586,21 +588,6 @@ impl Vi {
         }
     }
 
-    /// Completes a connection.
-    pub(crate) fn connected(&self, conn: Arc<Conn>) {
-        let _r = self.recv.lock();
-        let mut s = self.send.lock();
-        cma::allow_peer(conn.peer_pid);
-        self.lane.store(conn.lane_in.id, Ordering::Release);
-        self.nic.shm_conns.lock().push((self.handle, Arc::downgrade(&conn)));
-        self.attach_link(&mut s, Link::Shm(conn.clone()));
-        self.set_state(ViState::Connected);
-        self.nic.counters.add(Counter::Connects, 1);
-        drop(s);
-        conn.watch();
-        self.bump();
-    }
-
     /// `VipDisconnect`: Connected or Error -> Idle, flushing what is posted.
     pub fn disconnect(&self) -> ViaResult<()> {
         match self.end_connection(Ending::Disconnect, None) {
@@ -667,21 +654,14 @@ impl Vi {
     /// locks held): the send queue holds it, and a network link is also
     /// readable without the queue locks, for the port's receive path.
     pub(crate) fn attach_link(&self, s: &mut SendQueue, link: Link) {
-        if let Link::Net(net) = &link {
-            *self.net.lock() = Some(net.clone());
-            self.networked.store(true, Ordering::Release);
-        }
+        self.networked.store(matches!(link, Link::Net(_)), Ordering::Release);
         s.link = Some(link);
     }
 
     /// Forgets the transport of a connection that ends (both queue locks held).
     fn detach_link(&self, s: &mut SendQueue) -> Option<Link> {
-        let link = s.link.take()?;
-        if let Link::Net(_) = link {
-            *self.net.lock() = None;
-            self.networked.store(false, Ordering::Release);
-        }
-        Some(link)
+        self.networked.store(false, Ordering::Release);
+        s.link.take()
     }
 
     /// Completes every pending send with DESC_FLUSHED_ERROR.
@@ -943,7 +923,7 @@ impl Vi {
 
     /// Carries out a posted send: in `VipPostSend`, or in the NIC's send
     /// engine when a doorbell brought it there (`q.rung` counts those).
-    pub(crate) fn carry_out(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
+    pub(crate) fn carry_out(&self, q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
         let (rules, attrs) = self.rules();
         // A send rung at the doorbell may come here after its descriptor's
         // region was deregistered (and unmapped): it is not read, and
@@ -954,18 +934,15 @@ impl Vi {
             self.bump();
             return;
         }
-        if let Some(link) = q.net().cloned() {
-            let events = self.post_net(&mut q, &link, desc, mem, &rules, &attrs);
-            // The usual post completes nothing yet and hears of nothing:
-            // then there is nothing to apply.
-            let completed_now = q.items.back().is_some_and(|i| i.done);
-            drop(q);
-            if completed_now || !events.is_empty() {
-                self.apply_net(&link, events);
-            }
-            return;
-        }
-        self.post_shm(q, desc, mem, &rules, &attrs);
+        Link::post(self, q, desc, mem, &rules, &attrs);
+    }
+
+    /// Completes a send posted while the VI has no connection (in the
+    /// Error state) as flushed.
+    pub(crate) fn flush_posted(&self, q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
+        desc.complete(STATUS_DESC_FLUSHED_ERROR, 0, None);
+        self.queue_completed_send(q, desc, mem);
+        self.bump();
     }
 
     /// Queues a send whose descriptor is complete already (or left

@@ -7,14 +7,18 @@
 //! (`ring_read`).  Receives complete when the owner drains its ring.
 
 use crate::counters::{Counter, CounterRow, StageTimer};
+use crate::endpoint::PeerMessage;
 use crate::endpoint::NO_CQ;
 use crate::queue_lock::QueueGuard;
 use crate::transport::shm::Conn;
-use crate::transport::Link;
+use crate::transport::Ending;
 use crate::tuning::tuning;
-use crate::vi::{reliable, Break, Drain, Pieces, RecvQueue, RingWrite, SendQueue, Vi, ViAttrs};
+use crate::vi::{
+    reliable, Break, Drain, Link, Pieces, RecvQueue, RingWrite, SendQueue, Transport, Vi, ViAttrs, ViState,
+};
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use via_core::consts::error_code;
 use via_core::consts::*;
@@ -42,18 +46,43 @@ const FLAG_PIECES: u32 = 4;
 /// make room before the connection is given up.
 pub(crate) const RING_ROOM_LIMIT: Duration = Duration::from_secs(10);
 
+impl Transport for Conn {
+    fn complete(self: Arc<Self>, vi: &Arc<Vi>) {
+        let _r = vi.recv.lock();
+        let mut s = vi.send.lock();
+        cma::allow_peer(self.peer_pid);
+        vi.lane.store(self.lane_in.id, Ordering::Release);
+        vi.nic.shm_conns.lock().push((vi.handle, Arc::downgrade(&self)));
+        vi.attach_link(&mut s, Link::Shm(self.clone()));
+        vi.set_state(ViState::Connected);
+        vi.nic.counters.add(Counter::Connects, 1);
+        drop(s);
+        self.watch();
+        vi.bump();
+    }
+
+    /// At once, with the descriptor complete on return, except an RDMA
+    /// read through the ring.
+    fn post(vi: &Vi, q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
+        vi.post_shm(q, desc, mem, rules, attrs)
+    }
+
+    /// Waits out the peer's copies under way.
+    fn end(&self, how: Ending) {
+        match how {
+            Ending::Disconnect => self.tell(PeerMessage::Disconnect),
+            Ending::Break(Some(code)) => self.tell(PeerMessage::Break(code)),
+            Ending::Break(None) => {}
+        }
+        self.unwatch();
+        self.close_fenced();
+    }
+}
+
 impl Vi {
-    /// Carries out a validated send-queue operation on the shared-memory
-    /// connection (`carry_out`, with `q` locked): at once, with the
-    /// descriptor complete on return, except an RDMA read through the ring.
-    pub(crate) fn post_shm(
-        &self,
-        mut q: QueueGuard<'_, SendQueue>,
-        desc: DescPtr,
-        mem: u32,
-        rules: &Rules,
-        attrs: &ViAttrs,
-    ) {
+    /// Carries out a send-queue operation on the shared-memory connection
+    /// `q` holds (`Transport::post`).
+    fn post_shm(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
         let counters = &self.nic.counters;
         let timer = StageTimer::start();
         let checked = validate(desc, mem, false, rules);
@@ -61,18 +90,16 @@ impl Vi {
         let timer = StageTimer::start();
         let queue = &mut *q;
         // The link's field, not `conn()`: the tally is borrowed beside it.
-        let conn = match &queue.link {
-            Some(Link::Shm(conn)) => Some(conn),
-            _ => None,
+        let Some(Link::Shm(conn)) = &queue.link else {
+            unreachable!("posted on shared memory without a shared-memory link")
         };
-        let (status, length, broken) = match (conn, checked) {
-            (None, _) => (STATUS_DESC_FLUSHED_ERROR, 0, None),
-            (Some(_), Err(bits)) => {
+        let (status, length, broken) = match checked {
+            Err(bits) => {
                 let why = reliable(attrs.reliability)
                     .then_some(Break { mine: error_code::POST_DESC, theirs: error_code::CONN_LOST });
                 (desc.op_status_bits() | bits, 0, why)
             }
-            (Some(conn), Ok(wr)) if wr.op == Op::RdmaRead && wr.remote.is_some() => {
+            Ok(wr) if wr.op == Op::RdmaRead && wr.remote.is_some() => {
                 let conn = conn.clone();
                 let done = match conn.attach() {
                     true => read_by_attach(&conn, &wr, reliable(attrs.reliability), &mut queue.tally),
@@ -94,7 +121,7 @@ impl Vi {
                     }
                 }
             }
-            (Some(conn), Ok(wr)) => {
+            Ok(wr) => {
                 let (status, length, why) =
                     execute(conn, &wr, reliable(attrs.reliability), attrs.reliability, &mut queue.tally);
                 timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));

@@ -64,15 +64,15 @@ pub(crate) trait NetReceiver: Send + Sync {
     /// `app_away`, whether anything is unacknowledged): the port sends it
     /// when it finds its sockets empty (`send_owed_ack`), unless a reply
     /// carried it first.
-    fn net_input(&self, packets: &[(Header, &[u8])], frame: bool, app_away: bool) -> bool;
+    fn net_input(&self, link: &Arc<NetLink>, packets: &[(Header, &[u8])], frame: bool, app_away: bool) -> bool;
     /// Calls `receive` with the place where its message under way continues
     /// and the room there (at most `max`), while that place stays its own;
     /// false, without calling it, when it has no such place.
     fn receive_in_place(&self, max: usize, receive: &mut dyn FnMut(*mut u8, usize)) -> bool;
     /// Sends the acknowledgement `net_input` held back.
-    fn send_owed_ack(&self, app_away: bool);
+    fn send_owed_ack(&self, link: &Arc<NetLink>, app_away: bool);
     /// Runs its session's timers; returns its next deadline.
-    fn net_timers(&self, now: Instant) -> Option<Instant>;
+    fn net_timers(&self, link: &Arc<NetLink>, now: Instant) -> Option<Instant>;
 }
 
 /// Whose registry a link's outgoing buffers are checked against before
@@ -546,12 +546,13 @@ impl NetPort {
         }
     }
 
-    /// Routes packets for VI id `vi` to `target`.  A word its last
-    /// connection ended with is still said to that connection's peer: the
-    /// keys tell the two connections' packets apart.
-    pub(crate) fn register(&self, vi: u32, target: Weak<dyn NetReceiver>) {
+    /// Routes packets for `link`'s VI id to `target`, through `link`.  A
+    /// word its last connection ended with is still said to that
+    /// connection's peer: the keys tell the two connections' packets apart.
+    fn register(&self, link: &Arc<NetLink>, target: Weak<dyn NetReceiver>) {
+        let vi = link.local_vi;
         let last_word = self.ended.lock().holds(vi, crate::clock::now());
-        self.vis.write().insert(vi, Route { vi: target, last_word });
+        self.vis.write().insert(vi, Route { vi: target, link: Arc::downgrade(link), last_word });
     }
 
     /// Stops routing packets to VI id `vi`, whose connection ended; with
@@ -815,8 +816,8 @@ impl NetPort {
 
     /// Runs the timers of every VI on this port; returns the next deadline.
     pub fn run_timers(&self, now: Instant) -> Option<Instant> {
-        let vis: Vec<Arc<dyn NetReceiver>> = self.vis.read().values().filter_map(|r| r.vi.upgrade()).collect();
-        vis.iter().filter_map(|vi| vi.net_timers(now)).min()
+        let vis: Vec<_> = self.vis.read().values().filter_map(Route::upgrade).collect();
+        vis.iter().filter_map(|(vi, link)| vi.net_timers(link, now)).min()
     }
 
     /// The address a peer at `remote_host` (4 or 16 bytes) sends to.
@@ -1011,17 +1012,25 @@ impl Datapath for PacketRing<'_> {
 /// The port's VIs, as its endpoint routes packets to them.
 struct PortRoutes<'a>(&'a NetPort);
 
-/// Where a VI id's packets go.
+/// Where a VI id's packets go: to its VI, through its link.
 struct Route {
     vi: Weak<dyn NetReceiver>,
+    link: Weak<NetLink>,
     /// The id's last connection ended with a word still kept, which its
     /// peer's packets may be owed (`LastWords`).
     last_word: bool,
 }
 
+impl Route {
+    /// The VI and its link, while both are.
+    fn upgrade(&self) -> Option<(Arc<dyn NetReceiver>, Arc<NetLink>)> {
+        Some((self.vi.upgrade()?, self.link.upgrade()?))
+    }
+}
+
 impl Routes for PortRoutes<'_> {
     fn deliver(&mut self, id: u32, packets: &[(Header, &[u8])], frame: bool, app_away: bool) -> Option<bool> {
-        let (target, last_word) = self.0.vis.read().get(&id).map_or((None, true), |r| (r.vi.upgrade(), r.last_word));
+        let (target, last_word) = self.0.vis.read().get(&id).map_or((None, true), |r| (r.upgrade(), r.last_word));
         if target.is_none() {
             tracing::debug!(vi = id, "packets for an unknown VI");
         }
@@ -1030,11 +1039,13 @@ impl Routes for PortRoutes<'_> {
         if last_word {
             self.0.answer_ended(id, packets);
         }
-        Some(target?.net_input(packets, frame, app_away))
+        let (vi, link) = target?;
+        Some(vi.net_input(&link, packets, frame, app_away))
     }
     fn send_owed_ack(&mut self, id: u32, app_away: bool) {
-        if let Some(vi) = self.0.vis.read().get(&id).and_then(|r| r.vi.upgrade()) {
-            vi.send_owed_ack(app_away);
+        let target = self.0.vis.read().get(&id).and_then(Route::upgrade);
+        if let Some((vi, link)) = target {
+            vi.send_owed_ack(&link, app_away);
         }
     }
 }
@@ -1218,7 +1229,7 @@ pub(crate) struct NetState {
     pub outbound: Outbound,
     /// The NIC whose registry the messages' buffers are checked against
     /// before their bytes are read (`Outbound::check`); set when the VI
-    /// connects (`Vi::connected_net`), before it posts anything.
+    /// connects (`Transport::complete`), before it posts anything.
     pub(crate) registry_of: Option<Arc<dyn RegistryOwner>>,
     /// Packets built for one `sendmmsg`.
     out: OutPackets,
@@ -1616,6 +1627,12 @@ pub(crate) fn scatter(segs: &[via_core::descriptor::LocalSeg], mut offset: u64, 
 }
 
 impl NetLink {
+    /// Routes the packets of this link's VI id to `target`, which hears
+    /// them through this link, until the link ends.
+    pub(crate) fn route_to(self: &Arc<Self>, target: Weak<dyn NetReceiver>) {
+        self.port.register(self, target);
+    }
+
     /// Orderly disconnect: tell the peer, stop routing.
     pub fn disconnect(&self) {
         let mut st = self.state.lock();

@@ -3,9 +3,12 @@
 //! complete descriptors, place received bytes and answer RDMA requests.
 
 use crate::counters::{Counter, StageTimer};
+use crate::queue_lock::QueueGuard;
 use crate::transport::udp::{scatter, Gather, NetEvent, NetEvents, NetLink, NetReceiver, Registered, RegistryOwner};
-use crate::transport::Link;
-use crate::vi::{reliable, Break, Inbound, InboundWrite, RecvQueue, SendItem, SendQueue, Vi, ViAttrs, ViState};
+use crate::transport::Ending;
+use crate::vi::{
+    reliable, Break, Inbound, InboundWrite, Link, RecvQueue, SendItem, SendQueue, Transport, Vi, ViAttrs, ViState,
+};
 use std::sync::{Arc, Weak};
 use via_core::consts::error_code;
 use via_core::consts::*;
@@ -51,40 +54,70 @@ struct Refusal {
 
 /// How the port reaches a VI connected through it.
 impl NetReceiver for Vi {
-    fn net_input(&self, packets: &[(via_wire::Header, &[u8])], frame: bool, app_away: bool) -> bool {
-        Vi::net_input(self, packets, frame, app_away)
+    fn net_input(
+        &self,
+        link: &Arc<NetLink>,
+        packets: &[(via_wire::Header, &[u8])],
+        frame: bool,
+        app_away: bool,
+    ) -> bool {
+        Vi::net_input(self, link, packets, frame, app_away)
     }
     fn receive_in_place(&self, max: usize, receive: &mut dyn FnMut(*mut u8, usize)) -> bool {
         Vi::receive_in_place(self, max, receive).is_some()
     }
-    fn send_owed_ack(&self, app_away: bool) {
-        Vi::send_owed_ack(self, app_away)
+    fn send_owed_ack(&self, link: &Arc<NetLink>, app_away: bool) {
+        Vi::send_owed_ack(self, link, app_away)
     }
-    fn net_timers(&self, now: std::time::Instant) -> Option<std::time::Instant> {
-        Vi::net_timers(self, now)
+    fn net_timers(&self, link: &Arc<NetLink>, now: std::time::Instant) -> Option<std::time::Instant> {
+        Vi::net_timers(self, link, now)
     }
 }
 
-impl Vi {
-    /// Completes a network connection.
-    pub(crate) fn connected_net(self: &Arc<Self>, link: Arc<NetLink>) {
-        let mut r = self.recv.lock();
-        let mut s = self.send.lock();
-        link.port.register(link.local_vi, Arc::downgrade(self) as Weak<dyn NetReceiver>);
+impl Transport for NetLink {
+    fn complete(self: Arc<Self>, vi: &Arc<Vi>) {
+        let mut r = vi.recv.lock();
+        let mut s = vi.send.lock();
+        self.route_to(Arc::downgrade(vi) as Weak<dyn NetReceiver>);
         // Sends' buffers are checked against this registry before their
         // bytes are read (`Outbound::check`).
-        link.state.lock().registry_of = Some(self.nic.clone() as Arc<dyn RegistryOwner>);
-        self.attach_link(&mut s, Link::Net(link));
+        self.state.lock().registry_of = Some(vi.nic.clone() as Arc<dyn RegistryOwner>);
+        vi.attach_link(&mut s, Link::Net(self));
         // Nothing of an earlier connection's messages carries over.
         r.inbound = None;
         r.writing = None;
         r.dropping = None;
-        self.set_state(ViState::Connected);
-        self.nic.counters.add(Counter::Connects, 1);
+        vi.set_state(ViState::Connected);
+        vi.nic.counters.add(Counter::Connects, 1);
         drop(s);
-        self.bump();
+        vi.bump();
     }
 
+    fn post(vi: &Vi, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
+        // A reference of its own: the session's events are applied with
+        // the queue unlocked.
+        let Some(Link::Net(link)) = q.link.clone() else {
+            unreachable!("posted on the network without a network link")
+        };
+        let events = vi.post_net(&mut q, &link, desc, mem, rules, attrs);
+        // The usual post completes nothing yet and hears of nothing:
+        // then there is nothing to apply.
+        let completed_now = q.items.back().is_some_and(|i| i.done);
+        drop(q);
+        if completed_now || !events.is_empty() {
+            vi.apply_net(&link, events);
+        }
+    }
+
+    fn end(&self, how: Ending) {
+        match how {
+            Ending::Disconnect => self.disconnect(),
+            Ending::Break(theirs) => self.close(theirs),
+        }
+    }
+}
+
+impl Vi {
     /// Posts a send-queue descriptor on a network link.
     pub(crate) fn post_net(
         &self,
@@ -181,8 +214,13 @@ impl Vi {
     /// acknowledgement it held back (with `app_away`, whether anything is
     /// unacknowledged): the port sends it when it finds its sockets empty
     /// (`Vi::send_owed_ack`), unless a reply carried it first.
-    pub(crate) fn net_input(&self, packets: &[(via_wire::Header, &[u8])], frame: bool, app_away: bool) -> bool {
-        let Some(link) = self.net.lock().clone() else { return false };
+    pub(crate) fn net_input(
+        &self,
+        link: &Arc<NetLink>,
+        packets: &[(via_wire::Header, &[u8])],
+        frame: bool,
+        app_away: bool,
+    ) -> bool {
         let mut events = NetEvents::new();
         let owed = {
             let mut st = link.state.lock();
@@ -200,7 +238,7 @@ impl Vi {
                 }
                 st.take_events(&mut events);
             }
-            st.flush_busy(&link, now, &mut events);
+            st.flush_busy(link, now, &mut events);
             if !st.session.acks_held() {
                 st.session.release_acks();
                 if let Some(t) = st.session.poll_timeout() {
@@ -212,7 +250,7 @@ impl Vi {
             }
         };
         if !events.is_empty() {
-            self.apply_net(&link, events);
+            self.apply_net(link, events);
         }
         if let Some(owed) = owed {
             return owed;
@@ -223,14 +261,14 @@ impl Vi {
         let owed = {
             let mut st = link.state.lock();
             st.session.release_acks();
-            st.flush_busy(&link, crate::clock::now(), &mut more);
+            st.flush_busy(link, crate::clock::now(), &mut more);
             if let Some(t) = st.session.poll_timeout() {
                 link.port.timer_before(t);
             }
             st.session.acks_at_idle(app_away)
         };
         if !more.is_empty() {
-            self.apply_net(&link, more);
+            self.apply_net(link, more);
         }
         owed
     }
@@ -277,35 +315,33 @@ impl Vi {
 
     /// Sends the acknowledgement `net_input` held back, if no packet has
     /// carried it since; with `app_away`, also one still within its delay.
-    pub(crate) fn send_owed_ack(&self, app_away: bool) {
-        let Some(link) = self.net.lock().clone() else { return };
+    pub(crate) fn send_owed_ack(&self, link: &Arc<NetLink>, app_away: bool) {
         let mut events = NetEvents::new();
         {
             let mut st = link.state.lock();
             if !st.session.ready_idle_ack(app_away) {
                 return;
             }
-            st.flush(&link, &mut events);
+            st.flush(link, &mut events);
         }
         if !events.is_empty() {
-            self.apply_net(&link, events);
+            self.apply_net(link, events);
         }
     }
 
     /// Runs the session's timers; returns its next deadline.
-    pub(crate) fn net_timers(&self, now: std::time::Instant) -> Option<std::time::Instant> {
-        let link = self.net.lock().clone()?;
+    pub(crate) fn net_timers(&self, link: &Arc<NetLink>, now: std::time::Instant) -> Option<std::time::Instant> {
         let mut events = NetEvents::new();
         let next = {
             let mut st = link.state.lock();
             if st.session.poll_timeout().is_some_and(|t| t <= now) {
                 st.session.handle_timeout(now);
             }
-            st.flush_at(&link, now, &mut events);
+            st.flush_at(link, now, &mut events);
             st.session.poll_timeout()
         };
         if !events.is_empty() {
-            self.apply_net(&link, events);
+            self.apply_net(link, events);
         }
         next.into_iter().chain(self.expire_unanswered(now)).min()
     }
