@@ -221,9 +221,18 @@ case_acceptance() {
 }
 
 # Seeded random transfers between two hosts (tests/c/workload.c).
+# Its provider logs say why a connection broke; a failure shows the last
+# such lines.
 case_workload() {
     up 2 || return 1
-    pair workload "$logs/$tc" 300 "$out/workload" server "$OVC_RUN" -- "$out/workload" client "$OVC_RUN" h1
+    base=$logs/$tc
+    pair workload "$base" 300 env VIA_LOG=via_provider=info "$out/workload" server "$OVC_RUN" \
+        -- env VIA_LOG=via_provider=info "$out/workload" client "$OVC_RUN" h1 && return 0
+    for h in h1 h2; do
+        echo "$h: the last connections broken, and warnings:"
+        grep -E 'WARN|connection broken|VI broken' "$base.$h" | tail -n 4
+    done
+    return 1
 }
 
 # A lost BREAK (docs/wire.md, "Ending a connection"): nftables rules at

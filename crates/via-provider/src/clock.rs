@@ -30,15 +30,91 @@ pub(crate) fn now() -> Instant {
     Instant::now()
 }
 
+/// The time the waits' deadlines are counted in: the system's clock, or
+/// in the whole-provider simulator its virtual time.
+#[inline]
+pub(crate) fn deadline_now() -> Instant {
+    #[cfg(test)]
+    if let Some(t) = simulated::now() {
+        return t;
+    }
+    Instant::now()
+}
+
+/// Whether this thread runs the whole-provider simulator: then a wait does
+/// not spin (virtual time stands still meanwhile) but moves the
+/// simulation on where it would sleep (`simulated_sleep`).
+#[inline(always)]
+pub(crate) fn simulating() -> bool {
+    #[cfg(test)]
+    return simulated::now().is_some();
+    #[cfg(not(test))]
+    false
+}
+
+/// Where a wait would sleep for `nap`: in the whole-provider simulator,
+/// moves the simulation one step on instead, by at most `nap` of virtual
+/// time, and returns true; elsewhere false (the caller sleeps).
+#[inline(always)]
+pub(crate) fn simulated_sleep(nap: std::time::Duration) -> bool {
+    #[cfg(test)]
+    if simulating() {
+        simulated::step(nap);
+        return true;
+    }
+    let _ = nap;
+    false
+}
+
 /// The virtual time of the whole-provider simulator (`crate::sim`), on
-/// the thread that runs it.
+/// the thread that runs it, and what a wait does there in place of
+/// sleeping.
 #[cfg(test)]
 pub(crate) mod simulated {
     use std::cell::Cell;
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
+
+    /// What a wait runs in place of a sleep (given its length), for the
+    /// span of `stepping`.
+    type Step = *mut (dyn FnMut(Duration) + 'static);
 
     thread_local! {
         static NOW: Cell<Option<Instant>> = const { Cell::new(None) };
+        static STEP: Cell<Option<Step>> = const { Cell::new(None) };
+    }
+
+    /// Runs `f` (a wait, say) with `step` as what each of its sleeps does
+    /// instead: move the simulation on, by at most the sleep's length.
+    pub(crate) fn stepping<R>(step: &mut dyn FnMut(Duration), f: impl FnOnce() -> R) -> R {
+        /// Puts the outer step back, also when `f` panics.
+        struct Restore(Option<Step>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                STEP.with(|c| c.set(self.0));
+            }
+        }
+        let short: *mut (dyn FnMut(Duration) + '_) = step;
+        // SAFETY: only the lifetime is erased; `Restore` takes the pointer
+        // out of the thread's cell before `step` goes out of scope.
+        let erased: Step = unsafe { std::mem::transmute::<*mut (dyn FnMut(Duration) + '_), Step>(short) };
+        let _restore = Restore(STEP.with(|c| c.replace(Some(erased))));
+        f()
+    }
+
+    /// A wait would sleep: the step `stepping` installed runs.  Taken out
+    /// of its cell meanwhile, so that it is never borrowed twice.
+    pub(super) fn step(nap: Duration) {
+        /// Puts the step back, also when it panics.
+        struct Back(Step);
+        impl Drop for Back {
+            fn drop(&mut self) {
+                STEP.with(|c| c.set(Some(self.0)));
+            }
+        }
+        let step = STEP.with(Cell::take).expect("a wait in a simulation runs inside `simulated::stepping`");
+        let _back = Back(step);
+        // SAFETY: installed by `stepping`, whose `step` outlives this call.
+        unsafe { (*step)(nap) };
     }
 
     /// The virtual time, if this thread runs a simulation.

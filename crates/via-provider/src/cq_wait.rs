@@ -144,8 +144,12 @@ impl Cq {
                 CqMode::Entries => Duration::from_millis(50),
                 CqMode::Scan => SCAN_NAP,
             };
+            let nap = deadline.next_sleep(nap);
+            if crate::clock::simulated_sleep(nap) {
+                continue;
+            }
             let _port = self.nic.sleep_on_port();
-            self.sleep(deadline.next_sleep(nap));
+            self.sleep(nap);
         }
     }
 }

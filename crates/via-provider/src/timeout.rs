@@ -15,23 +15,23 @@ pub struct Deadline(Option<Instant>);
 impl Deadline {
     /// The deadline `ms` milliseconds from now (`INFINITE_MS` and above: never).
     pub fn after_ms(ms: u64) -> Deadline {
-        Deadline((ms < INFINITE_MS).then(|| Instant::now() + Duration::from_millis(ms)))
+        Deadline((ms < INFINITE_MS).then(|| crate::clock::deadline_now() + Duration::from_millis(ms)))
     }
     /// Time left; `None` for ever.
     pub fn remaining(&self) -> Option<Duration> {
-        self.0.map(|d| d.saturating_duration_since(Instant::now()))
+        self.0.map(|d| d.saturating_duration_since(crate::clock::deadline_now()))
     }
     /// True once the deadline has passed.
     pub fn passed(&self) -> bool {
-        matches!(self.0, Some(d) if Instant::now() >= d)
+        matches!(self.0, Some(d) if crate::clock::deadline_now() >= d)
     }
     /// The later of this deadline and `grace` from now.
     pub fn extended_by(&self, grace: Duration) -> Deadline {
-        Deadline(self.0.map(|d| d.max(Instant::now() + grace)))
+        Deadline(self.0.map(|d| d.max(crate::clock::deadline_now() + grace)))
     }
     /// `max` from now, or sooner if this deadline comes first.
     pub fn capped(&self, max: Duration) -> Deadline {
-        let cap = Instant::now() + max;
+        let cap = crate::clock::deadline_now() + max;
         Deadline(Some(self.0.map_or(cap, |d| d.min(cap))))
     }
     /// Time left as a Duration, with "for ever" as a long time.
@@ -109,6 +109,9 @@ impl SpinWait {
     /// soon, and a sleep now would cost a wake-up.  `under_way` is asked
     /// at the looks at the clock past the window only.
     pub fn spin_while(&mut self, under_way: impl FnOnce() -> bool) -> bool {
+        if crate::clock::simulating() {
+            return false;
+        }
         if self.spinning && self.polls.is_multiple_of(CLOCK_EVERY) {
             let now = crate::clock::now();
             if now >= self.until && !(now < self.busy_until && under_way()) {

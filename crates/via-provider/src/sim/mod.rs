@@ -7,9 +7,11 @@
 //! queues, descriptors, CQs, the ports' endpoints and sessions, the
 //! connection's endpoints as they travel in a connection request.  What
 //! is simulated is what lies outside the process: the wire (a port's
-//! `SimWire` in place of its sockets), time (`clock::simulated`), the
-//! helper thread (`Sim::step` reads the ports and runs their timers as it
-//! would) and the host agents' rendezvous (`connect::link_directly`).
+//! `SimWire` in place of its sockets), time (`clock::simulated`, in
+//! which the waits' deadlines count too, and where a wait would sleep it
+//! steps the simulation instead), the helper thread (`Sim::step` reads
+//! the ports and runs their timers as it would) and the host agents'
+//! rendezvous (`connect::link_directly`).
 //! `workload` drives it through the VIPL operations with seeded random
 //! workloads and checks the specification's semantics.
 
@@ -119,6 +121,12 @@ impl Sim {
     /// enters the network; if nothing was due, virtual time jumps to the
     /// next arrival or timer.
     pub(crate) fn step(&mut self) {
+        self.step_within(None);
+    }
+
+    /// As `step`, but virtual time moves by `most` at most: a sleeping
+    /// wait wakes at its deadline.
+    pub(crate) fn step_within(&mut self, most: Option<Duration>) {
         simulated::set(Some(self.net.now));
         // What the application sent since the last step leaves first.
         self.carry();
@@ -152,11 +160,12 @@ impl Sim {
         self.carry();
         if !arrived {
             let next = self.net.next_arrival().into_iter().chain(self.next_timer).min();
-            self.net.now = match next {
+            let to = match next {
                 Some(t) if t > now => t,
                 Some(_) => now,
                 None => now + IDLE_TICK,
             };
+            self.net.now = most.map_or(to, |most| to.min(now + most));
             simulated::set(Some(self.net.now));
         }
         // A timer that falls due again and again at the same instant
@@ -224,6 +233,7 @@ mod tests {
     use crate::vi::{ViAttrs, ViState};
     use via_core::consts::*;
     use via_core::descriptor::DescPtr;
+    use via_core::error::ViaError;
     use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
 
     /// Registered memory of one host: descriptors, then data.
@@ -338,6 +348,38 @@ mod tests {
             sim.step();
         }
         done()
+    }
+
+    #[test]
+    fn a_wait_moves_the_simulation_on_and_counts_virtual_time() {
+        const NONE: Faults =
+            Faults { loss: 0.0, duplicate: 0.0, reorder: 0.0, corrupt: 0.0, misdirect: 0.0, partition: None };
+        let mut sim = Sim::new(7, 2, NONE);
+        let (na, nb) = (sim.nic(0).clone(), sim.nic(1).clone());
+        let (ta, tb) = (na.create_ptag().unwrap(), nb.create_ptag().unwrap());
+        let (a, b) = (vi(&na, ta, SERVICE_RELIABLE_DELIVERY), vi(&nb, tb, SERVICE_RELIABLE_DELIVERY));
+        sim.connect(&a, &b).unwrap();
+        let ma = Memory::new(&na, na.ptag(ta).unwrap().id, 1 << 16);
+        let mb = Memory::new(&nb, nb.ptag(tb).unwrap().id, 1 << 16);
+        b.post_recv(mb.descriptor(0, 4096, 1000), mb.mem).unwrap();
+
+        // Nothing comes: the wait ends at its timeout, in virtual time.
+        let began = sim.elapsed();
+        let got = simulated::stepping(&mut |nap| sim.step_within(Some(nap)), || b.recv_wait(50));
+        let waited = sim.elapsed() - began;
+        assert_eq!(got.err(), Some(ViaError::Timeout));
+        assert!(waited >= Duration::from_millis(50) && waited < Duration::from_millis(60), "waited {waited:?}");
+
+        // A message comes while the receiver waits: the wait returns it.
+        a.post_send(ma.descriptor(0, 4096, 100), ma.mem).unwrap();
+        let began = sim.elapsed();
+        let got = simulated::stepping(&mut |nap| sim.step_within(Some(nap)), || b.recv_wait(10_000)).unwrap();
+        assert_eq!(got.status() & (STATUS_DONE | STATUS_ERROR_MASK), STATUS_DONE);
+        // SAFETY: the descriptor lies in `mb`; its control segment's length.
+        assert_eq!(unsafe { *((got.0 + 24) as *const u32) }, 100, "the length received");
+        assert!(sim.elapsed() - began < Duration::from_secs(1));
+        let sent = simulated::stepping(&mut |nap| sim.step_within(Some(nap)), || a.send_wait(10_000)).unwrap();
+        assert_eq!(sent.status() & (STATUS_DONE | STATUS_ERROR_MASK), STATUS_DONE);
     }
 
     #[test]

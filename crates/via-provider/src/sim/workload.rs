@@ -29,7 +29,14 @@
 //! the first round (which breaks nothing) and ends again.
 //!
 //! `world.rs` carries it out in one thread between `Sim::step` calls,
-//! polling (never waiting in real time), and checks:
+//! reaping by polling and, a quarter of the times it would step with
+//! nothing reaped, by waiting instead: `VipSendWait` or `VipRecvWait` on
+//! an end with descriptors pending there, or `VipCQWait` on a host's CQ,
+//! with a timeout of 0 to 200 ms, during which the simulation moves on
+//! where the wait would sleep (`clock::simulated::stepping`; virtual time
+//! never waits for real time).  It checks:
+//! - a wait returns the completion a poll would, or `VIP_TIMEOUT` no
+//!   sooner than its timeout in virtual time;
 //! - every descriptor completes exactly once, in the order of its queue,
 //!   with its whole status word, length and immediate data;
 //! - a shared CQ names each receive completion once, naming the right VI,
@@ -153,6 +160,7 @@ mod tests {
         };
         let began = Instant::now();
         let (mut elapsed, mut completions, mut lost, mut sent, mut again) = (Duration::ZERO, 0, 0, 0, 0);
+        let (mut waits, mut timeouts) = (0, 0);
         let mut failures = Vec::new();
         for &seed in &seeds {
             match run_caught(seed, Inject::None) {
@@ -162,6 +170,8 @@ mod tests {
                     lost += s.stats.lost + s.stats.partitioned + s.stats.vanished;
                     sent += s.stats.sent;
                     again += s.again as usize;
+                    waits += s.waits;
+                    timeouts += s.timeouts;
                 }
                 Err(e) => failures.push((seed, e)),
             }
@@ -169,12 +179,14 @@ mod tests {
         let took = began.elapsed();
         println!(
             "{} seeds in {took:.1?} ({:.1} seeds/s): {completions} descriptors judged, {elapsed:.1?} of virtual time, \
-             {sent} packets sent, {lost} lost; {again} connected again",
+             {sent} packets sent, {lost} lost; {again} connected again; {waits} waits, {timeouts} timed out",
             seeds.len(),
             seeds.len() as f64 / took.as_secs_f64()
         );
         // Among many seeds, some connect their VIs again.
         assert!(seeds.len() < 100 || again > 0, "no seed connected again");
+        // Among many seeds, waits end both ways: a completion, the timeout.
+        assert!(seeds.len() < 100 || (timeouts > 0 && timeouts < waits), "waits: {waits}, timed out: {timeouts}");
         for (seed, e) in failures.iter().take(20) {
             println!("seed {seed}: {}", e.lines().next().unwrap_or_default());
         }

@@ -5,8 +5,10 @@
 use super::memory::{first_difference, first_not, status_str, Desc, Region, DESC_STRIDE, ERRBITS, STATUS_OP_BITS};
 use super::plan::*;
 use super::Inject;
+use crate::clock::simulated;
 use crate::cq::Cq;
 use crate::handles::Handle;
+use crate::lane::CqEntry;
 use crate::nic::{ErrorEvent, Nic};
 use crate::sim::Sim;
 use crate::vi::{Vi, ViAttrs, ViState};
@@ -55,6 +57,14 @@ const QUIET: Duration = Duration::from_millis(100);
 const REPORT_WAIT: Duration = Duration::from_secs(5);
 /// Kept apart from the plan's stream of the same seed.
 const READ_STREAM: u64 = 0x5EAD_5EAD_0000_0000;
+/// The stream that picks the waits, apart from the plan's too.
+const WAIT_STREAM: u64 = 0x3A17_3A17_0000_0000;
+/// Of the times the world would step with nothing reaped, the share (in
+/// 1/256) that it waits instead, blocked in `VipSendWait`, `VipRecvWait`
+/// or `VipCQWait` while the simulation goes on.
+const WAIT_SHARE: u64 = 64;
+/// The timeouts a wait is given, in milliseconds.
+const WAIT_TIMEOUTS: [u64; 5] = [0, 1, 5, 20, 200];
 
 /// What one seed did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +77,10 @@ pub(crate) struct Summary {
     pub completions: u64,
     /// Whether its VIs connected again after the ending.
     pub again: bool,
+    /// Waits (`VipSendWait`, `VipRecvWait`, `VipCQWait`) made, and how
+    /// many of them ended at their timeout.
+    pub waits: u64,
+    pub timeouts: u64,
 }
 
 struct Host {
@@ -154,6 +168,10 @@ pub(super) struct World<'p> {
     reports: Vec<(usize, Handle, u32, String)>,
     completions: u64,
     again: bool,
+    /// Picks when and on what the world waits.
+    wait_rng: SimRng,
+    waits: u64,
+    timeouts: u64,
 }
 
 impl<'p> World<'p> {
@@ -234,7 +252,19 @@ impl<'p> World<'p> {
             let [e0, e1]: [End; 2] = pair.try_into().ok().expect("two ends");
             ends.push([e0, e1]);
         }
-        let mut world = World { sim, plan, inject, hosts, ends, reports: Vec::new(), completions: 0, again: false };
+        let mut world = World {
+            sim,
+            plan,
+            inject,
+            hosts,
+            ends,
+            reports: Vec::new(),
+            completions: 0,
+            again: false,
+            wait_rng: SimRng::new(plan.seed ^ WAIT_STREAM),
+            waits: 0,
+            timeouts: 0,
+        };
         for p in 0..world.ends.len() {
             let [a, b] = &world.ends[p];
             world.sim.connect(&a.vi, &b.vi).map_err(|e| format!("pair {p}: connecting: {e:?}"))?;
@@ -396,28 +426,89 @@ impl<'p> World<'p> {
             let Some(cq) = self.hosts[h].cq.clone().filter(|_| !self.hosts[h].dead) else { continue };
             while let Some(entry) = done(cq.done(), || format!("host {h}: VipCQDone"))? {
                 reaped = true;
-                let found = (0..self.ends.len())
-                    .flat_map(|p| [(p, 0), (p, 1)])
-                    .find(|&(p, s)| self.ends[p][s].host == h && self.ends[p][s].vi.handle == entry.vi);
-                let Some((p, s)) = found else {
-                    return Err(format!("host {h}: the CQ named VI {}, none of this host's", entry.vi));
-                };
-                if !entry.recv {
-                    return Err(format!("{}: a CQ entry for the send queue, which has no CQ", self.end_name(p, s)));
-                }
-                // The entry comes once the descriptor is complete: *Done has it now.
-                match done(self.ends[p][s].vi.recv_done(), || format!("{}: VipRecvDone", self.end_name(p, s)))? {
-                    Some(d) => self.judge(p, s, true, d)?,
-                    None => {
-                        return Err(format!(
-                            "{}: the CQ named this VI's receive queue, and VipRecvDone then found nothing",
-                            self.end_name(p, s)
-                        ))
-                    }
-                }
+                self.reap_cq_entry(h, entry)?;
             }
         }
         Ok(reaped)
+    }
+
+    /// Host `h`'s CQ named `entry`: the receive it names is reaped.
+    fn reap_cq_entry(&mut self, h: usize, entry: CqEntry) -> Result<(), String> {
+        let found = (0..self.ends.len())
+            .flat_map(|p| [(p, 0), (p, 1)])
+            .find(|&(p, s)| self.ends[p][s].host == h && self.ends[p][s].vi.handle == entry.vi);
+        let Some((p, s)) = found else {
+            return Err(format!("host {h}: the CQ named VI {}, none of this host's", entry.vi));
+        };
+        if !entry.recv {
+            return Err(format!("{}: a CQ entry for the send queue, which has no CQ", self.end_name(p, s)));
+        }
+        // The entry comes once the descriptor is complete: *Done has it now.
+        match done(self.ends[p][s].vi.recv_done(), || format!("{}: VipRecvDone", self.end_name(p, s)))? {
+            Some(d) => self.judge(p, s, true, d),
+            None => Err(format!(
+                "{}: the CQ named this VI's receive queue, and VipRecvDone then found nothing",
+                self.end_name(p, s)
+            )),
+        }
+    }
+
+    /// Now and then, where the world would step with nothing reaped, it
+    /// waits instead: in `VipSendWait` or `VipRecvWait` on an end with
+    /// descriptors pending there, or in `VipCQWait` on a host whose CQ
+    /// has receives pending, with a timeout; the wait moves the
+    /// simulation on where it would sleep.  What it returns is judged; a
+    /// timeout must come no sooner than asked.  Returns whether it waited.
+    fn wait_somewhere(&mut self) -> Result<bool, String> {
+        if self.wait_rng.below(256) >= WAIT_SHARE {
+            return Ok(false);
+        }
+        // (pair, side, receive queue) of each end with something pending.
+        let pending: Vec<(usize, usize, bool)> = (0..self.ends.len())
+            .flat_map(|p| [(p, 0), (p, 1)])
+            .filter(|&(p, s)| self.live(p, s))
+            .flat_map(|(p, s)| {
+                let e = &self.ends[p][s];
+                [(!e.sends.is_empty()).then_some((p, s, false)), (!e.recvs.is_empty()).then_some((p, s, true))]
+            })
+            .flatten()
+            .collect();
+        if pending.is_empty() {
+            return Ok(false);
+        }
+        let (p, s, recv) = pending[self.wait_rng.below(pending.len() as u64) as usize];
+        let timeout_ms = WAIT_TIMEOUTS[self.wait_rng.below(WAIT_TIMEOUTS.len() as u64) as usize];
+        let h = self.ends[p][s].host;
+        let vi = self.ends[p][s].vi.clone();
+        let cq = self.hosts[h].cq.clone().filter(|_| recv);
+        let began = self.sim.elapsed();
+        self.waits += 1;
+        let sim = &mut self.sim;
+        let mut step = |nap| sim.step_within(Some(nap));
+        let (call, got) = match (&cq, recv) {
+            (Some(cq), _) => {
+                let got = simulated::stepping(&mut step, || cq.wait(timeout_ms));
+                (format!("host {h}: VipCQWait({timeout_ms})"), got.map(Waited::Entry))
+            }
+            (None, true) => {
+                let got = simulated::stepping(&mut step, || vi.recv_wait(timeout_ms));
+                (format!("{}: VipRecvWait({timeout_ms})", self.end_name(p, s)), got.map(Waited::Recv))
+            }
+            (None, false) => {
+                let got = simulated::stepping(&mut step, || vi.send_wait(timeout_ms));
+                (format!("{}: VipSendWait({timeout_ms})", self.end_name(p, s)), got.map(Waited::Send))
+            }
+        };
+        let waited = self.sim.elapsed() - began;
+        match got {
+            Ok(Waited::Entry(entry)) => self.reap_cq_entry(h, entry)?,
+            Ok(Waited::Recv(d)) => self.judge(p, s, true, d)?,
+            Ok(Waited::Send(d)) => self.judge(p, s, false, d)?,
+            Err(ViaError::Timeout) if waited >= Duration::from_millis(timeout_ms) => self.timeouts += 1,
+            Err(ViaError::Timeout) => return Err(format!("{call}: VIP_TIMEOUT after {waited:?} of virtual time")),
+            Err(e) => return Err(format!("{call}: {e:?}")),
+        }
+        Ok(true)
     }
 
     /// Moves the world on until `finished`, reaping as it goes; fails after
@@ -436,7 +527,7 @@ impl<'p> World<'p> {
                     self.pending()
                 ));
             }
-            if !reaped {
+            if !reaped && !self.wait_somewhere()? {
                 self.sim.step();
             }
         }
@@ -1036,6 +1127,8 @@ impl<'p> World<'p> {
             stats: self.sim.stats(),
             completions: self.completions,
             again: self.again,
+            waits: self.waits,
+            timeouts: self.timeouts,
         })
     }
 
@@ -1087,6 +1180,13 @@ impl<'p> World<'p> {
             all.join(", ")
         }
     }
+}
+
+/// What a wait returned.
+enum Waited {
+    Entry(CqEntry),
+    Recv(DescPtr),
+    Send(DescPtr),
 }
 
 /// A poll's answer: a completion, nothing yet, or a failure.
