@@ -13,6 +13,9 @@
 #   break-loss       the workload again, every other BREAK dropped on the
 #                    way: the end that broke says it again to the peer's
 #                    retransmissions, and every check still holds
+#   last-word        tests/cluster/lastword.c: a VI whose DISCONNECT was
+#                    dropped connects again at once; the old peer hears the
+#                    word again within half a second
 #   ops-1500         tests/cluster/ops.c: every data operation, MTU 1500
 #   ops-9000         the same at MTU 9000
 #   deregistered     tests/cluster/gone.c: memory deregistered and unmapped
@@ -91,7 +94,7 @@ VIA_VIAD=$stage/bin/viad
 VIA_DEVICE=/dev/via_eth0
 export OVC_RUN VIA_VIAD VIA_DEVICE
 
-ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 workload break-loss ops-1500 ops-9000 deregistered alltoall start-order requester-killed two-agents cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
+ALL_CASES="names ipv6 acceptance-1500 acceptance-9000 workload break-loss last-word ops-1500 ops-9000 deregistered alltoall start-order requester-killed two-agents cm-stats peer-killed link-down bad-input gso-1500 gso-9000 gso-refused payload-crc ethernet frame-loss packet-loss"
 
 # ------------------------------------------------------------------
 # Helpers for the cases
@@ -257,6 +260,26 @@ case_break_loss() {
     echo "BREAKs dropped: $dropped; last words said again: $again"
     [ "$dropped" -gt 0 ] || { echo "the rules dropped no BREAK"; return 1; }
     [ "$again" -gt 0 ] || { echo "no end said its last word again"; return 1; }
+}
+
+# A lost DISCONNECT, and the VI that sent it connects again at once
+# (tests/cluster/lastword.c): an nftables rule at h2's ingress drops every
+# other datagram of kind DISCONNECT (byte 3 of the UDP payload is 7) of the
+# data path (not the agents' port 60), the first among them.  The old peer
+# on h2 must hear the word again from h1's port within half a second, and
+# h1's log shows it said again.  Frames are off: the rule sees UDP only.
+case_last_word() {
+    command -v nft >/dev/null 2>&1 || { echo "no nft (nftables) to drop packets with"; return 77; }
+    up 2 || return 1
+    ingress_drop 2 last_word ip protocol udp udp dport != 60 @th,88,8 == 7 numgen inc mod 2 == 0 || return 1
+    base=$logs/$tc
+    pair lastword "$base" 60 env VIA_ETHERNET=off VIA_LOG=via_provider=info "$out/lastword" server h2 \
+        -- env VIA_ETHERNET=off VIA_LOG=via_provider=info "$out/lastword" client h1 || return 1
+    dropped=$(ingress_dropped 2 last_word)
+    again=$(grep -c 'last word said again' "$base.h1")
+    echo "DISCONNECTs dropped: $dropped; last words said again: $again"
+    [ "$dropped" -gt 0 ] || { echo "the rule dropped no DISCONNECT"; return 1; }
+    [ "$again" -gt 0 ] || { echo "h1 did not say its last word again"; return 1; }
 }
 
 # ops MTU
@@ -701,6 +724,7 @@ run_one() {
     acceptance-1500) case_acceptance 1500 ;;
     acceptance-9000) case_acceptance 9000 ;;
     workload) case_workload ;;
+    last-word) case_last_word ;;
     break-loss) case_break_loss ;;
     ops-1500) case_ops 1500 ;;
     ops-9000) case_ops 9000 ;;
@@ -738,7 +762,7 @@ build() {
     vlibs=$(env $pc_env pkg-config --libs vipl) || return 1
     # The installed vipl.pc forces no rpath: the programs find the staged library by their own.
     vlibs="$vlibs -Wl,-rpath,$stage/lib"
-    for p in ops gone alltoall startorder stream names acceptance workload pingpong; do
+    for p in ops gone alltoall startorder stream names acceptance workload pingpong lastword; do
         src=$here/$p.c
         [ "$p" = acceptance ] && src=$top/tests/c/acceptance.c
         [ "$p" = workload ] && src=$top/tests/c/workload.c

@@ -587,7 +587,7 @@ impl Vi {
                         }
                     }
                     NetEvent::Broken(reason) => {
-                        tracing::info!(vi = self.handle, ?reason, "network connection broken");
+                        tracing::info!(vi = link.local_vi, ?reason, "network connection broken");
                         // The first reason stands (`Unreadable` before the
                         // break it caused).
                         f.lost.get_or_insert(match reason {
