@@ -41,13 +41,14 @@ pub(crate) fn deadline_now() -> Instant {
     Instant::now()
 }
 
-/// Whether this thread runs the whole-provider simulator: then a wait does
-/// not spin (virtual time stands still meanwhile) but moves the
-/// simulation on where it would sleep (`simulated_sleep`).
+/// Whether a wait on this thread runs inside the whole-provider
+/// simulator's `simulated::stepping`: then it does not spin (virtual time
+/// stands still meanwhile) but moves the simulation on where it would
+/// sleep (`simulated_sleep`).
 #[inline(always)]
 pub(crate) fn simulating() -> bool {
     #[cfg(test)]
-    return simulated::now().is_some();
+    return simulated::stepping_now();
     #[cfg(not(test))]
     false
 }
@@ -57,8 +58,10 @@ pub(crate) fn simulating() -> bool {
 /// time, and returns true; elsewhere false (the caller sleeps).
 #[inline(always)]
 pub(crate) fn simulated_sleep(nap: std::time::Duration) -> bool {
+    // On virtual time a real sleep would never reach the deadline: the
+    // step panics if `stepping` did not install one.
     #[cfg(test)]
-    if simulating() {
+    if simulated::now().is_some() {
         simulated::step(nap);
         return true;
     }
@@ -99,6 +102,11 @@ pub(crate) mod simulated {
         let erased: Step = unsafe { std::mem::transmute::<*mut (dyn FnMut(Duration) + '_), Step>(short) };
         let _restore = Restore(STEP.with(|c| c.replace(Some(erased))));
         f()
+    }
+
+    /// Whether `stepping` runs on this thread.
+    pub(super) fn stepping_now() -> bool {
+        STEP.with(Cell::get).is_some()
     }
 
     /// A wait would sleep: the step `stepping` installed runs.  Taken out
