@@ -21,7 +21,7 @@ use crate::clock::simulated;
 use crate::handles::Handle;
 use crate::nic::Nic;
 use crate::transport::udp::sim_wire::SimWire;
-use crate::transport::udp::NetPort;
+use crate::transport::udp::{NetPort, NetReceiver};
 use crate::tuning::tuning;
 use crate::vi::Vi;
 use std::sync::{Arc, Weak};
@@ -288,19 +288,37 @@ mod tests {
 
     const LOSSY: Faults =
         Faults { loss: 0.1, duplicate: 0.05, reorder: 0.1, corrupt: 0.02, misdirect: 0.02, partition: None };
+    const NONE: Faults =
+        Faults { loss: 0.0, duplicate: 0.0, reorder: 0.0, corrupt: 0.0, misdirect: 0.0, partition: None };
 
-    /// A 20,000-byte message from host 0 to host 1 on a reliable VI
-    /// pair: checks its completions and bytes, returns the simulated
-    /// network's account, the virtual time it took and the packets that
-    /// host 0 sent again.
-    fn one_message(seed: u64) -> (NetStats, Duration, u64) {
-        let mut sim = Sim::new(seed, 2, LOSSY);
+    /// Two hosts, a connected reliable VI on each and 64 KiB of memory
+    /// registered under each VI's tag.
+    struct Pair {
+        sim: Sim,
+        na: Arc<Nic>,
+        a: Arc<Vi>,
+        b: Arc<Vi>,
+        ma: Memory,
+        mb: Memory,
+    }
+
+    fn pair(seed: u64, faults: Faults) -> Pair {
+        let mut sim = Sim::new(seed, 2, faults);
         let (na, nb) = (sim.nic(0).clone(), sim.nic(1).clone());
         let (ta, tb) = (na.create_ptag().unwrap(), nb.create_ptag().unwrap());
         let (a, b) = (vi(&na, ta, SERVICE_RELIABLE_DELIVERY), vi(&nb, tb, SERVICE_RELIABLE_DELIVERY));
         sim.connect(&a, &b).unwrap();
         let ma = Memory::new(&na, na.ptag(ta).unwrap().id, 1 << 16);
         let mb = Memory::new(&nb, nb.ptag(tb).unwrap().id, 1 << 16);
+        Pair { sim, na, a, b, ma, mb }
+    }
+
+    /// A 20,000-byte message from host 0 to host 1 on a reliable VI
+    /// pair: checks its completions and bytes, returns the simulated
+    /// network's account, the virtual time it took and the packets that
+    /// host 0 sent again.
+    fn one_message(seed: u64) -> (NetStats, Duration, u64) {
+        let Pair { mut sim, na, a, b, ma, mb } = pair(seed, LOSSY);
         let sent: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + seed as u32) as u8).collect();
         // SAFETY: within `ma`.
         unsafe { std::ptr::copy_nonoverlapping(sent.as_ptr(), ma.at(4096) as *mut u8, sent.len()) };
@@ -352,15 +370,7 @@ mod tests {
 
     #[test]
     fn a_wait_moves_the_simulation_on_and_counts_virtual_time() {
-        const NONE: Faults =
-            Faults { loss: 0.0, duplicate: 0.0, reorder: 0.0, corrupt: 0.0, misdirect: 0.0, partition: None };
-        let mut sim = Sim::new(7, 2, NONE);
-        let (na, nb) = (sim.nic(0).clone(), sim.nic(1).clone());
-        let (ta, tb) = (na.create_ptag().unwrap(), nb.create_ptag().unwrap());
-        let (a, b) = (vi(&na, ta, SERVICE_RELIABLE_DELIVERY), vi(&nb, tb, SERVICE_RELIABLE_DELIVERY));
-        sim.connect(&a, &b).unwrap();
-        let ma = Memory::new(&na, na.ptag(ta).unwrap().id, 1 << 16);
-        let mb = Memory::new(&nb, nb.ptag(tb).unwrap().id, 1 << 16);
+        let Pair { mut sim, a, b, ma, mb, .. } = pair(7, NONE);
         b.post_recv(mb.descriptor(0, 4096, 1000), mb.mem).unwrap();
 
         // Nothing comes: the wait ends at its timeout, in virtual time.
@@ -384,8 +394,6 @@ mod tests {
 
     #[test]
     fn a_vi_that_connects_again_still_says_its_last_word_to_the_old_peer() {
-        const NONE: Faults =
-            Faults { loss: 0.0, duplicate: 0.0, reorder: 0.0, corrupt: 0.0, misdirect: 0.0, partition: None };
         for seed in 0..4 {
             let mut sim = Sim::new(seed, 3, NONE);
             let nics: Vec<Arc<Nic>> = (0..3).map(|h| sim.nic(h).clone()).collect();

@@ -16,7 +16,6 @@ use via_core::descriptor::{validate, DescPtr, LocalSeg, Op, Rules, Segs};
 use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_reliable::{BreakReason, MsgKind, OutMessage, Segment, SendError};
 
-/// What applying events asks of the session afterwards.
 /// How long an unreliable RDMA write waits for its answer once sent.
 const UNANSWERED_WRITE: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -27,6 +26,7 @@ enum Reply {
     Snapshot(Box<[u8]>),
 }
 
+/// What applying events asks of the session afterwards.
 #[derive(Default)]
 struct Followup {
     /// A timer to arm for an unanswered write.
@@ -61,16 +61,97 @@ impl NetReceiver for Vi {
         frame: bool,
         app_away: bool,
     ) -> bool {
-        Vi::net_input(self, link, packets, frame, app_away)
+        let mut events = NetEvents::new();
+        let owed = {
+            let mut st = link.state.lock();
+            if frame {
+                st.heard_frame();
+            }
+            let now = crate::clock::now();
+            // What arrives now is acknowledged once it is placed (below).
+            st.session.hold_acks();
+            for &(ref header, payload) in packets {
+                // In order: placed straight from the datagram.  A packet can
+                // also release segments held for reordering; they follow it.
+                if let Some(segment) = st.session.handle_packet_in_place(now, header, payload) {
+                    events.push(NetEvent::Segment(segment, payload.into()));
+                }
+                st.take_events(&mut events);
+            }
+            st.flush_busy(link, now, &mut events);
+            if !st.session.acks_held() {
+                st.session.release_acks();
+                if let Some(t) = st.session.poll_timeout() {
+                    link.port.timer_before(t);
+                }
+                Some(st.session.acks_at_idle(app_away))
+            } else {
+                None
+            }
+        };
+        if !events.is_empty() {
+            self.apply_net(link, events);
+        }
+        if let Some(owed) = owed {
+            return owed;
+        }
+        // Placed (or refused, and the session broken): now packets may say
+        // so, and an acknowledgement that fell due meanwhile goes.
+        let mut more = NetEvents::new();
+        let owed = {
+            let mut st = link.state.lock();
+            st.session.release_acks();
+            st.flush_busy(link, crate::clock::now(), &mut more);
+            if let Some(t) = st.session.poll_timeout() {
+                link.port.timer_before(t);
+            }
+            st.session.acks_at_idle(app_away)
+        };
+        if !more.is_empty() {
+            self.apply_net(link, more);
+        }
+        owed
     }
+
+    /// The place is found by `continuing_place`; the receive queue stays
+    /// locked while `receive` runs, so that it stays this message's.
     fn receive_in_place(&self, max: usize, receive: &mut dyn FnMut(*mut u8, usize)) -> bool {
-        Vi::receive_in_place(self, max, receive).is_some()
+        let r = self.recv.lock();
+        let Some((place, len)) = self.continuing_place(&r, max) else { return false };
+        receive(place, len);
+        true
     }
+
+    /// Sends it only if no packet has carried it since; with `app_away`,
+    /// also one still within its delay.
     fn send_owed_ack(&self, link: &Arc<NetLink>, app_away: bool) {
-        Vi::send_owed_ack(self, link, app_away)
+        let mut events = NetEvents::new();
+        {
+            let mut st = link.state.lock();
+            if !st.session.ready_idle_ack(app_away) {
+                return;
+            }
+            st.flush(link, &mut events);
+        }
+        if !events.is_empty() {
+            self.apply_net(link, events);
+        }
     }
+
     fn net_timers(&self, link: &Arc<NetLink>, now: std::time::Instant) -> Option<std::time::Instant> {
-        Vi::net_timers(self, link, now)
+        let mut events = NetEvents::new();
+        let next = {
+            let mut st = link.state.lock();
+            if st.session.poll_timeout().is_some_and(|t| t <= now) {
+                st.session.handle_timeout(now);
+            }
+            st.flush_at(link, now, &mut events);
+            st.session.poll_timeout()
+        };
+        if !events.is_empty() {
+            self.apply_net(link, events);
+        }
+        next.into_iter().chain(self.expire_unanswered(now)).min()
     }
 }
 
@@ -210,87 +291,23 @@ impl Vi {
         events
     }
 
-    /// Packets for this VI arrived.  Returns whether the session owes an
-    /// acknowledgement it held back (with `app_away`, whether anything is
-    /// unacknowledged): the port sends it when it finds its sockets empty
-    /// (`Vi::send_owed_ack`), unless a reply carried it first.
-    pub(crate) fn net_input(
-        &self,
-        link: &Arc<NetLink>,
-        packets: &[(via_wire::Header, &[u8])],
-        frame: bool,
-        app_away: bool,
-    ) -> bool {
-        let mut events = NetEvents::new();
-        let owed = {
-            let mut st = link.state.lock();
-            if frame {
-                st.heard_frame();
-            }
-            let now = crate::clock::now();
-            // What arrives now is acknowledged once it is placed (below).
-            st.session.hold_acks();
-            for &(ref header, payload) in packets {
-                // In order: placed straight from the datagram.  A packet can
-                // also release segments held for reordering; they follow it.
-                if let Some(segment) = st.session.handle_packet_in_place(now, header, payload) {
-                    events.push(NetEvent::Segment(segment, payload.into()));
-                }
-                st.take_events(&mut events);
-            }
-            st.flush_busy(link, now, &mut events);
-            if !st.session.acks_held() {
-                st.session.release_acks();
-                if let Some(t) = st.session.poll_timeout() {
-                    link.port.timer_before(t);
-                }
-                Some(st.session.acks_at_idle(app_away))
-            } else {
-                None
-            }
-        };
-        if !events.is_empty() {
-            self.apply_net(link, events);
-        }
-        if let Some(owed) = owed {
-            return owed;
-        }
-        // Placed (or refused, and the session broken): now packets may say
-        // so, and an acknowledgement that fell due meanwhile goes.
-        let mut more = NetEvents::new();
-        let owed = {
-            let mut st = link.state.lock();
-            st.session.release_acks();
-            st.flush_busy(link, crate::clock::now(), &mut more);
-            if let Some(t) = st.session.poll_timeout() {
-                link.port.timer_before(t);
-            }
-            st.session.acks_at_idle(app_away)
-        };
-        if !more.is_empty() {
-            self.apply_net(link, more);
-        }
-        owed
-    }
-
-    /// Calls `receive` with the place where the message being received
-    /// continues, at most `max` bytes, so that the kernel can write the
+    /// The place where the message being received continues and the room
+    /// there, at most `max` bytes, so that the kernel can write the
     /// next packet's payload where it belongs rather than into a buffer to
     /// copy it from: the posted receive's buffer, or the target of an RDMA
-    /// write whose first packet was checked and placed.  `None`, without
-    /// calling it, when no message is under way or nothing of it is left.
+    /// write whose first packet was checked and placed.  `None` when no
+    /// message is under way or nothing of it is left.
     ///
     /// Whatever the kernel writes there, a packet of another message or a
-    /// damaged one, is safe: the receive queue stays locked while `receive`
-    /// runs, so the descriptor can neither complete nor be flushed, and
+    /// damaged one, is safe while `r` stays locked: the descriptor can
+    /// neither complete nor be flushed, and
     /// only bytes past those placed are offered, which the message's own
     /// bytes overwrite before it completes (the session delivers them in
     /// order).  An RDMA write's are offered only on a reliable VI, where
     /// the write's own bytes come or the connection breaks, and only where
     /// the target's registry, tag and enable allow the write just now, as
     /// for a copy.
-    pub(crate) fn receive_in_place<R>(&self, max: usize, receive: impl FnOnce(*mut u8, usize) -> R) -> Option<R> {
-        let r = self.recv.lock();
+    fn continuing_place(&self, r: &RecvQueue, max: usize) -> Option<(*mut u8, usize)> {
         if let Some(w) = r.writing {
             let len = max.min(w.left as usize);
             let (rules, attrs) = self.rules();
@@ -298,7 +315,7 @@ impl Vi {
             {
                 return None;
             }
-            return Some(receive(w.next as *mut u8, len));
+            return Some((w.next as *mut u8, len));
         }
         let inbound = r.inbound?;
         let item = r.items.get(r.done).filter(|i| !i.done && i.error == 0)?;
@@ -309,41 +326,7 @@ impl Vi {
             return None;
         }
         let left = inbound.total.saturating_sub(inbound.placed) as usize;
-        let (place, len) = continuation(&item.segs, inbound.placed, max.min(left))?;
-        Some(receive(place, len))
-    }
-
-    /// Sends the acknowledgement `net_input` held back, if no packet has
-    /// carried it since; with `app_away`, also one still within its delay.
-    pub(crate) fn send_owed_ack(&self, link: &Arc<NetLink>, app_away: bool) {
-        let mut events = NetEvents::new();
-        {
-            let mut st = link.state.lock();
-            if !st.session.ready_idle_ack(app_away) {
-                return;
-            }
-            st.flush(link, &mut events);
-        }
-        if !events.is_empty() {
-            self.apply_net(link, events);
-        }
-    }
-
-    /// Runs the session's timers; returns its next deadline.
-    pub(crate) fn net_timers(&self, link: &Arc<NetLink>, now: std::time::Instant) -> Option<std::time::Instant> {
-        let mut events = NetEvents::new();
-        let next = {
-            let mut st = link.state.lock();
-            if st.session.poll_timeout().is_some_and(|t| t <= now) {
-                st.session.handle_timeout(now);
-            }
-            st.flush_at(link, now, &mut events);
-            st.session.poll_timeout()
-        };
-        if !events.is_empty() {
-            self.apply_net(link, events);
-        }
-        next.into_iter().chain(self.expire_unanswered(now)).min()
+        continuation(&item.segs, inbound.placed, max.min(left))
     }
 
     /// Completes unreliable RDMA writes whose answer did not come in time
