@@ -23,7 +23,6 @@ use crate::timeout::Deadline;
 pub(crate) use crate::transport::shm::Conn;
 use crate::transport::udp::{NetLink, NetPort};
 use crate::transport::Ending;
-use crate::tuning::tuning;
 pub(crate) use crate::vi::Linked;
 use crate::vi::{Link, Transport, Vi, ViState};
 use parking_lot::Mutex;
@@ -115,6 +114,7 @@ impl Parts {
             lost: conn_lost,
             token: Default::default(),
             counters: vi.nic.counters.clone(),
+            inline_max: vi.nic.tuning.inline_max,
         }
     }
 }
@@ -382,7 +382,7 @@ fn net_identity(vi: &Vi, remote_host: &[u8]) -> ViaResult<(Arc<NetPort>, u64, Ve
         rdma_write: a.rdma_write,
         rdma_read: a.rdma_read,
         segment: port.segment as u32,
-        payload_crc: tuning().payload_crc,
+        payload_crc: vi.nic.tuning.payload_crc,
         ether: port.local_ether(),
         large_packets: port.takes_large_packets(),
         placed_acks: true,
@@ -405,7 +405,7 @@ fn net_link(vi: &Vi, port: Arc<NetPort>, key: u64, remote: &CmEndpoint) -> Arc<N
         window,
         max_message: a.max_transfer.min(u32::MAX as u64) as u32,
         // Either end may insist on the CRC-32C over payloads.
-        payload_crc: tuning().payload_crc || remote.payload_crc,
+        payload_crc: vi.nic.tuning.payload_crc || remote.payload_crc,
         ..Default::default()
     };
     let local = via_reliable::Peer { vi: vi.handle as u32, key };

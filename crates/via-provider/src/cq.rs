@@ -17,7 +17,7 @@
 use crate::handles::{Handle, ThreadCache};
 use crate::nic::{ErrorEvent, Nic};
 use crate::provider;
-use crate::tuning::{tuning, CqMode};
+use crate::tuning::CqMode;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -139,7 +139,7 @@ impl Cq {
 
     /// Pushes a completion made in this process (CQ1; CQ2 writes no entries).
     pub fn push_local(&self, entry: CqEntry) {
-        if tuning().cq == CqMode::Scan {
+        if self.nic.tuning.cq == CqMode::Scan {
             return;
         }
         if !self.nic.inbox.push_and_ring(&self.nic.bell, self.index, entry.encode()) {

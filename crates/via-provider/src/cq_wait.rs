@@ -8,7 +8,7 @@ use crate::handles::Handle;
 use crate::lane::PROGRESS;
 use crate::nic::Nic;
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
-use crate::tuning::{tuning, CqMode};
+use crate::tuning::CqMode;
 use crate::vi::{Break, Vi};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ impl Cq {
     pub fn done(&self) -> ViaResult<CqEntry> {
         let timer = StageTimer::start();
         crate::vi::progress_nic(&self.nic);
-        let find = || match tuning().cq {
+        let find = || match self.nic.tuning.cq {
             CqMode::Entries => self.pop_entry(),
             CqMode::Scan => self.scan(),
         };
@@ -140,7 +140,7 @@ impl Cq {
             if deadline.passed() {
                 return Err(ViaError::Timeout);
             }
-            let nap = match tuning().cq {
+            let nap = match self.nic.tuning.cq {
                 CqMode::Entries => Duration::from_millis(50),
                 CqMode::Scan => SCAN_NAP,
             };

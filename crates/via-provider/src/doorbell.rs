@@ -78,13 +78,9 @@ pub(crate) struct SendEngine {
 const SWEEP_ANYWAY: Duration = Duration::from_millis(50);
 
 impl SendEngine {
-    /// Starts the send engine of a NIC, if the doorbell setting asks for one.
-    pub fn start() -> std::io::Result<Option<Arc<SendEngine>>> {
-        SendEngine::start_in(tuning().doorbell)
-    }
-
-    /// Starts a send engine for doorbells of `mode` (none for `Direct`).
-    fn start_in(mode: Doorbell) -> std::io::Result<Option<Arc<SendEngine>>> {
+    /// Starts the send engine of a NIC whose doorbells are of `mode` (none
+    /// for `Direct`).
+    pub fn start(mode: Doorbell) -> std::io::Result<Option<Arc<SendEngine>>> {
         if mode == Doorbell::Direct {
             return Ok(None);
         }
@@ -248,7 +244,7 @@ mod tests {
 
     #[test]
     fn without_an_engine_a_send_is_carried_out_at_once() {
-        assert!(SendEngine::start_in(Doorbell::Direct).unwrap().is_none());
+        assert!(SendEngine::start(Doorbell::Direct).unwrap().is_none());
         let vi = Arc::new(Recorder::default());
         let ringer: Arc<dyn Ringer> = vi.clone();
         ring(None, &ringer, DescPtr(64), 0);
@@ -258,7 +254,7 @@ mod tests {
     #[test]
     fn every_rung_send_is_carried_out_in_order_even_while_another_sweeps() {
         for mode in [Doorbell::PerVi, Doorbell::Central] {
-            let engine = SendEngine::start_in(mode).unwrap().unwrap();
+            let engine = SendEngine::start(mode).unwrap().unwrap();
             let (a, b) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
             let (ra, rb): (Arc<dyn Ringer>, Arc<dyn Ringer>) = (a.clone(), b.clone());
             engine.attach(Arc::downgrade(&ra));

@@ -3,6 +3,7 @@
 use crate::handles::Handle;
 use crate::provider;
 use crate::transport::shm::conn::FENCE_LIMIT;
+use crate::tuning::{tuning, Tuning};
 use parking_lot::Mutex;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -73,8 +74,9 @@ pub struct Nic {
     pub ptag_count: AtomicUsize,
     /// Live VIs.
     pub vi_count: AtomicUsize,
-    /// Pin registered memory (`VIA_PIN_MEMORY=1`).
-    pub pin: bool,
+    /// Its settings: the process's when `VipOpenNic` opened it (each
+    /// simulated host has its own).
+    pub tuning: Tuning,
     /// Held for reading while a handler runs, so that replacing it (or
     /// closing the NIC) waits until no call of the old one is under way.
     handler: parking_lot::RwLock<Option<ErrorHandler>>,
@@ -138,7 +140,7 @@ impl Nic {
                 ViaError::Resource
             }
         })?;
-        Nic::build(info, Some(session), counters, None)
+        Nic::build(info, Some(session), counters, None, tuning().clone())
     }
 
     /// A NIC on the device `info` with the agent's `session`; `port`, if
@@ -148,6 +150,7 @@ impl Nic {
         session: Option<viad_client::client::Session>,
         counters: crate::counters::Counters,
         port: Option<Arc<crate::transport::udp::NetPort>>,
+        tuning: Tuning,
     ) -> ViaResult<(Handle, Arc<Nic>)> {
         let inbox = Inbox::create().map_err(|_| ViaError::Resource)?;
         let bell = Bell::create().map_err(|_| ViaError::Resource)?;
@@ -158,8 +161,7 @@ impl Nic {
         // declared, so dropped, before `table`.
         let registry = unsafe { Registry::in_table(table.as_ptr()) };
         let closing = Arc::new(closing_fd().map_err(|_| ViaError::Resource)?);
-        let pin = crate::tuning::tuning().pin_memory;
-        let send_engine = crate::doorbell::SendEngine::start().map_err(|e| {
+        let send_engine = crate::doorbell::SendEngine::start(tuning.doorbell).map_err(|e| {
             tracing::warn!("cannot start the send engine: {e}");
             ViaError::Resource
         })?;
@@ -179,7 +181,7 @@ impl Nic {
                     next_ptag: AtomicU32::new(1),
                     ptag_count: AtomicUsize::new(0),
                     vi_count: AtomicUsize::new(0),
-                    pin,
+                    tuning,
                     handler: parking_lot::RwLock::new(None),
                     net_port: port.map_or_else(std::sync::OnceLock::new, std::sync::OnceLock::from),
                     counters,
@@ -199,11 +201,12 @@ impl Nic {
 
     /// A NIC of the whole-provider simulator: host `wire.host`'s, on its
     /// simulated wire, without a host agent.
-    #[cfg(test)]
     /// With `large`, its port sends and takes large packets.
+    #[cfg(test)]
     pub(crate) fn simulated(
         wire: Arc<crate::transport::udp::sim_wire::SimWire>,
         large: bool,
+        tuning: Tuning,
     ) -> ViaResult<(Handle, Arc<Nic>)> {
         let addr = match crate::transport::udp::sim_wire::addr_of(wire.host).ip() {
             std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
@@ -218,7 +221,7 @@ impl Nic {
         };
         let counters = crate::counters::Counters::new(&format!("sim{}", wire.host));
         let port = crate::transport::udp::NetPort::simulated(wire, info.mtu as usize, large, &counters);
-        Nic::build(info, None, counters, Some(port))
+        Nic::build(info, None, counters, Some(port), tuning)
     }
 
     /// `VipDeregisterMem`, a fence: once it returns, no peer's copy lands
@@ -270,7 +273,7 @@ impl Nic {
         if let Some(p) = self.net_port.get() {
             return Ok(p.clone());
         }
-        let port = crate::transport::udp::NetPort::open(&self.device, &self.counters)?;
+        let port = crate::transport::udp::NetPort::open(&self.device, &self.tuning, &self.counters)?;
         Ok(self.net_port.get_or_init(|| port).clone())
     }
 

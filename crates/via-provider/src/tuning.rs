@@ -211,11 +211,12 @@ impl Tuning {
 static SEGMENT_SIZE: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// The payload bytes per UDP packet of network ports opened from now on
-/// (`None`: from the MTU, or large packets): `VIA_SEGMENT_SIZE`, unless
-/// the program set another with [`set_segment_size`].
-pub fn segment_size() -> Option<usize> {
+/// (`None`: from the MTU, or large packets): the settings' (a NIC's
+/// `VIA_SEGMENT_SIZE`), unless the program set another with
+/// [`set_segment_size`].
+pub fn segment_size(settings: &Tuning) -> Option<usize> {
     match SEGMENT_SIZE.load(Ordering::Acquire) {
-        usize::MAX => tuning().segment_size,
+        usize::MAX => settings.segment_size,
         0 => None,
         n => Some(n),
     }

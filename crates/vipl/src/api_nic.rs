@@ -104,7 +104,7 @@ pub unsafe extern "C" fn VipRegisterMem(
         let nic = Nic::get(h(nic))?;
         need(out)?;
         let (ptag, flags) = mem_attrs(&nic, attrs)?;
-        let handle = nic.registry.register(addr as u64, len as u64, ptag, flags, nic.pin)?;
+        let handle = nic.registry.register(addr as u64, len as u64, ptag, flags, nic.tuning.pin_memory)?;
         put(out, handle)
     })
 }

@@ -22,7 +22,7 @@ use crate::handles::Handle;
 use crate::nic::Nic;
 use crate::transport::udp::sim_wire::SimWire;
 use crate::transport::udp::{NetPort, NetReceiver};
-use crate::tuning::tuning;
+use crate::tuning::{tuning, CqMode, Doorbell, Tuning};
 use crate::vi::Vi;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -38,6 +38,24 @@ const IDLE_TICK: Duration = Duration::from_millis(1);
 /// Steps in a row at one instant after which virtual time counts as
 /// stuck; far more than the packets and polls one instant can hold.
 const STILL_STEPS: u32 = 1_000_000;
+
+/// Each host's settings: the process's, but with its CQs' implementation
+/// drawn (CQ1, entries, or CQ2, scanning the work queues), and, where the
+/// process keeps the payload CRC, one host in two seeds declining it (its
+/// peers insist, so its connections keep the CRC).  The send doorbell
+/// stays `direct`: the others carry sends out on a thread of their own,
+/// outside virtual time.
+fn host_settings(rng: &mut SimRng, hosts: usize) -> Vec<Tuning> {
+    let declining = (tuning().payload_crc && rng.chance(0.5)).then(|| rng.below(hosts as u64) as usize);
+    (0..hosts)
+        .map(|h| Tuning {
+            doorbell: Doorbell::Direct,
+            cq: if rng.chance(0.5) { CqMode::Scan } else { CqMode::Entries },
+            payload_crc: tuning().payload_crc && declining != Some(h),
+            ..tuning().clone()
+        })
+        .collect()
+}
 
 /// One simulated host: its NIC, the NIC's port and the wire under it.
 struct Host {
@@ -78,18 +96,23 @@ impl Sim {
         // Half the seeds: an Ethernet side beside the UDP port, whose
         // frames take a faster path than datagrams and may overtake them.
         let frames = rng.chance(0.5);
-        let hosts = (0..hosts)
-            .map(|h| {
+        let settings = host_settings(&mut rng, hosts);
+        // Corruption stands for what the link's and UDP's checksums miss,
+        // which the payload CRC is for.  A connection goes without it only
+        // where both ends decline it, and then rests on those checksums,
+        // which the simulated wire does not model.
+        let crc_on_every_pair = settings.iter().filter(|t| !t.payload_crc).count() <= 1;
+        let faults = Faults { corrupt: if crc_on_every_pair { faults.corrupt } else { 0.0 }, ..faults };
+        let hosts = settings
+            .into_iter()
+            .enumerate()
+            .map(|(h, settings)| {
                 let wire = Arc::new(SimWire::new(h, hosts, frames));
-                let (handle, nic) = Nic::simulated(wire.clone(), large).expect("a simulated NIC");
+                let (handle, nic) = Nic::simulated(wire.clone(), large, settings).expect("a simulated NIC");
                 let port = nic.port().expect("its port");
                 Host { nic, handle, port, wire, dead: false }
             })
             .collect::<Vec<_>>();
-        // Corruption stands for what the link's and UDP's checksums miss,
-        // which the payload CRC is for; a port that declined it rests on
-        // those checksums, which the simulated wire does not model.
-        let faults = Faults { corrupt: if tuning().payload_crc { faults.corrupt } else { 0.0 }, ..faults };
         // Misdirected packets go to VI ids nobody has, or to another host.
         let faults = FaultInjector::new(faults, vec![Vec::new(); hosts.len()], &config);
         Sim { hosts, net, faults, rng, next_timer: None, vis: Vec::new(), still: 0 }

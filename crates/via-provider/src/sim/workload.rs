@@ -160,7 +160,7 @@ mod tests {
         };
         let began = Instant::now();
         let (mut elapsed, mut completions, mut lost, mut sent, mut again) = (Duration::ZERO, 0, 0, 0, 0);
-        let (mut waits, mut timeouts) = (0, 0);
+        let (mut waits, mut timeouts, mut scanned, mut declined) = (0, 0, 0, 0);
         let mut failures = Vec::new();
         for &seed in &seeds {
             match run_caught(seed, Inject::None) {
@@ -172,6 +172,8 @@ mod tests {
                     again += s.again as usize;
                     waits += s.waits;
                     timeouts += s.timeouts;
+                    scanned += s.scanned_entries;
+                    declined += s.declined_crc as usize;
                 }
                 Err(e) => failures.push((seed, e)),
             }
@@ -179,7 +181,8 @@ mod tests {
         let took = began.elapsed();
         println!(
             "{} seeds in {took:.1?} ({:.1} seeds/s): {completions} descriptors judged, {elapsed:.1?} of virtual time, \
-             {sent} packets sent, {lost} lost; {again} connected again; {waits} waits, {timeouts} timed out",
+             {sent} packets sent, {lost} lost; {again} connected again; {waits} waits, {timeouts} timed out; \
+             {scanned} CQ entries found by scanning (CQ2); {declined} seeds with a host declining the payload CRC",
             seeds.len(),
             seeds.len() as f64 / took.as_secs_f64()
         );
@@ -187,6 +190,10 @@ mod tests {
         assert!(seeds.len() < 100 || again > 0, "no seed connected again");
         // Among many seeds, waits end both ways: a completion, the timeout.
         assert!(seeds.len() < 100 || (timeouts > 0 && timeouts < waits), "waits: {waits}, timed out: {timeouts}");
+        // Among many seeds, hosts differ in their settings: some CQs scan,
+        // some hosts decline the payload CRC (unless this process does).
+        assert!(seeds.len() < 100 || scanned > 0, "no CQ entry found by scanning");
+        assert!(seeds.len() < 100 || declined > 0, "no host declined the payload CRC");
         for (seed, e) in failures.iter().take(20) {
             println!("seed {seed}: {}", e.lines().next().unwrap_or_default());
         }

@@ -23,7 +23,7 @@ use crate::queue_lock::{QueueGuard, QueueMutex};
 use crate::timeout::{done_first, poll_answer, Deadline, SpinWait};
 use crate::transport::shm::Conn;
 use crate::transport::Ending;
-use crate::tuning::{tuning, CqMode, Doorbell};
+use crate::tuning::{CqMode, Doorbell};
 use crate::vi_attrs::AttrCell;
 pub use crate::vi_attrs::ViAttrs;
 use crate::{progress, provider};
@@ -481,7 +481,7 @@ impl Vi {
         Endpoint {
             vi: self.handle,
             // CQ2: the peer has no entry to write for us.
-            recv_cq: match (&self.recv_cq, tuning().cq) {
+            recv_cq: match (&self.recv_cq, self.nic.tuning.cq) {
                 (Some(c), CqMode::Entries) => c.index as u32,
                 _ => NO_CQ,
             },
@@ -913,7 +913,7 @@ impl Vi {
         }
         desc.clear_status();
         desc.mark_posted(queue);
-        if tuning().doorbell == Doorbell::Direct {
+        if self.nic.tuning.doorbell == Doorbell::Direct {
             self.carry_out(q, desc, mem);
         } else {
             q.rung += 1;

@@ -40,7 +40,7 @@ impl Region {
             return Err(format!("no memory for {len} bytes: {}", std::io::Error::last_os_error()));
         }
         let base = base as *mut u8;
-        match nic.registry.register(base as u64, registered as u64, ptag_id, flags, nic.pin) {
+        match nic.registry.register(base as u64, registered as u64, ptag_id, flags, nic.tuning.pin_memory) {
             Ok(mem) => Ok(Region { nic: nic.clone(), base, size, mem }),
             Err(e) => {
                 // SAFETY: mapped just now, this size.

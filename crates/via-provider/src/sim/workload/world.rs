@@ -11,6 +11,7 @@ use crate::handles::Handle;
 use crate::lane::CqEntry;
 use crate::nic::{ErrorEvent, Nic};
 use crate::sim::Sim;
+use crate::tuning::CqMode;
 use crate::vi::{Vi, ViAttrs, ViState};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -81,6 +82,10 @@ pub(crate) struct Summary {
     /// many of them ended at their timeout.
     pub waits: u64,
     pub timeouts: u64,
+    /// CQ entries reaped from hosts whose CQs scan the work queues (CQ2).
+    pub scanned_entries: u64,
+    /// Whether a host declined the payload CRC.
+    pub declined_crc: bool,
 }
 
 struct Host {
@@ -172,6 +177,7 @@ pub(super) struct World<'p> {
     wait_rng: SimRng,
     waits: u64,
     timeouts: u64,
+    scanned_entries: u64,
 }
 
 impl<'p> World<'p> {
@@ -264,6 +270,7 @@ impl<'p> World<'p> {
             wait_rng: SimRng::new(plan.seed ^ WAIT_STREAM),
             waits: 0,
             timeouts: 0,
+            scanned_entries: 0,
         };
         for p in 0..world.ends.len() {
             let [a, b] = &world.ends[p];
@@ -442,6 +449,9 @@ impl<'p> World<'p> {
         };
         if !entry.recv {
             return Err(format!("{}: a CQ entry for the send queue, which has no CQ", self.end_name(p, s)));
+        }
+        if self.hosts[h].nic.tuning.cq == CqMode::Scan {
+            self.scanned_entries += 1;
         }
         // The entry comes once the descriptor is complete: *Done has it now.
         match done(self.ends[p][s].vi.recv_done(), || format!("{}: VipRecvDone", self.end_name(p, s)))? {
@@ -1129,6 +1139,8 @@ impl<'p> World<'p> {
             again: self.again,
             waits: self.waits,
             timeouts: self.timeouts,
+            scanned_entries: self.scanned_entries,
+            declined_crc: self.hosts.iter().any(|h| !h.nic.tuning.payload_crc),
         })
     }
 

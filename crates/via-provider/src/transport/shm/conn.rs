@@ -60,6 +60,8 @@ pub struct Conn {
     pub token: std::sync::atomic::AtomicU64,
     /// The NIC's counters.
     pub counters: crate::counters::Counters,
+    /// The NIC's `VIA_INLINE_MAX`: sends up to this size are copied inline.
+    pub inline_max: usize,
 }
 
 impl Conn {

@@ -12,7 +12,6 @@ use crate::endpoint::NO_CQ;
 use crate::queue_lock::QueueGuard;
 use crate::transport::shm::Conn;
 use crate::transport::Ending;
-use crate::tuning::tuning;
 use crate::vi::{
     reliable, Break, Drain, Link, Pieces, RecvQueue, RingWrite, SendQueue, Transport, Vi, ViAttrs, ViState,
 };
@@ -454,7 +453,7 @@ fn execute(
                 // ring, checked by the target against its own registry.
                 return ring_write(conn, wr, addr, handle, reliable, tally);
             }
-            if small_write_with_immediate(wr, level) {
+            if small_write_with_immediate(wr, level, conn.inline_max) {
                 // Through the ring, as a send is: the target takes the
                 // immediate data from its ring anyway, and places the bytes
                 // just before (checked against its own registry); cheaper
@@ -508,8 +507,8 @@ fn execute(
 /// completes only once its bytes are in the target's memory.  A write
 /// without immediate data is always copied at once: a target may poll its
 /// memory for it without calling the library.
-fn small_write_with_immediate(wr: &WorkRequest, level: u16) -> bool {
-    wr.immediate.is_some() && wr.total <= tuning().inline_max as u64 && level != SERVICE_RELIABLE_RECEPTION
+fn small_write_with_immediate(wr: &WorkRequest, level: u16, inline_max: usize) -> bool {
+    wr.immediate.is_some() && wr.total <= inline_max as u64 && level != SERVICE_RELIABLE_RECEPTION
 }
 
 /// An RDMA read by cross-memory attach: the status bits to add, the
@@ -562,7 +561,7 @@ fn deliver(
     tally: &mut CounterRow,
 ) -> (u32, u32, Option<Break>) {
     let total = wr.total;
-    let inline = kind == SLOT_SEND && total as usize <= tuning().inline_max && level != SERVICE_RELIABLE_RECEPTION;
+    let inline = kind == SLOT_SEND && total as usize <= conn.inline_max && level != SERVICE_RELIABLE_RECEPTION;
     let taken = if inline || kind != SLOT_SEND {
         conn.seg.peer_recvs().take_seq().map(|seq| seq.map(|seq| (seq, None)))
     } else {

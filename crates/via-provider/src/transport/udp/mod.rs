@@ -39,7 +39,7 @@ use crate::transport::udp::ether::EtherSocket;
 use crate::transport::udp::last_words::LastWords;
 use crate::transport::udp::peer_socket::{bind_port, set_option, PeerSocket};
 use crate::transport::udp::send::{send_groups, OutPackets, Packets, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
-use crate::tuning::tuning;
+use crate::tuning::Tuning;
 use parking_lot::{Mutex, RwLock};
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -314,7 +314,7 @@ impl NetPort {
     /// Opens the port of `nic`: a dual-stack UDP socket, reached at the
     /// device's IPv4 address (and IPv6 address, if it has one); a plain IPv4
     /// socket on the device's address where IPv6 is not available.
-    pub fn open(device: &DeviceInfo, counters: &Counters) -> ViaResult<Arc<NetPort>> {
+    pub fn open(device: &DeviceInfo, tuning: &Tuning, counters: &Counters) -> ViaResult<Arc<NetPort>> {
         let ip4 = match device.host_addr.as_slice() {
             [a, b, c, d] => IpAddr::V4(Ipv4Addr::new(*a, *b, *c, *d)),
             _ => return Err(ViaError::Resource),
@@ -333,16 +333,16 @@ impl NetPort {
         let number = socket.local_addr().map_err(|_| ViaError::Resource)?.port();
         // Segmentation offload: sends of several packets in one buffer, and
         // datagrams that arrive coalesced (UDP_GRO).
-        let offload = tuning().gso && kernel_has_gso(&socket);
+        let offload = tuning.gso && kernel_has_gso(&socket);
         let gro = offload && set_option(&socket, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
-        let fixed_segment = crate::tuning::segment_size();
+        let fixed_segment = crate::tuning::segment_size(tuning);
         let segment = segment_size(device.mtu as usize, fixed_segment);
         // Coalesced datagrams need buffers of the largest one; without
         // coalescing a buffer one byte longer than a packet tells a longer
         // datagram (truncated) from a packet.
         let buffer = if gro { GRO_BUFFER } else { MAX_DATAGRAM.min(HEADER_LEN + segment) + 1 };
         let ether = match ip4 {
-            IpAddr::V4(ip) if tuning().ethernet => EtherSocket::open(ip, number)
+            IpAddr::V4(ip) if tuning.ethernet => EtherSocket::open(ip, number)
                 .map_err(|e| tracing::debug!("no Ethernet frames on this port ({e}): UDP only"))
                 .ok(),
             _ => None,
@@ -362,7 +362,7 @@ impl NetPort {
                 offload,
                 gro,
                 ether,
-                batch: Batch::new(tuning().recv_batch, buffer, gro),
+                batch: Batch::new(tuning.recv_batch, buffer, gro),
                 #[cfg(test)]
                 sim: None,
             },
