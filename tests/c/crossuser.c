@@ -78,10 +78,14 @@ static void post_recv(vt_end *e, size_t len, unsigned segs)
     CHECK_OK(VipPostRecv(e->vi, d, e->descs.mem.mh));
 }
 
-static void send_wait(vt_end *e, void *data, size_t len, unsigned segs)
+/* Every other message carries immediate data (`imm`, 0 for none), which a
+ * message through the ring in pieces brings with its first piece. */
+static uint32_t imm_for(size_t m, uint32_t seed) { return m % 2 ? seed | 1 : 0; }
+
+static void send_wait(vt_end *e, void *data, size_t len, unsigned segs, uint32_t imm)
 {
     VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
-    vt_desc_send(d, VIP_CONTROL_OP_SENDRECV, 0, data, e->buf.mh, len, segs);
+    vt_desc_send(d, VIP_CONTROL_OP_SENDRECV | (imm ? VIP_CONTROL_IMMEDIATE : 0), imm, data, e->buf.mh, len, segs);
     CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
     CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
     CHECK_PTR(d, got);
@@ -89,12 +93,14 @@ static void send_wait(vt_end *e, void *data, size_t len, unsigned segs)
     CHECK_EQ(len, got->CS.Length);
 }
 
-static void recv_check(vt_end *e, size_t len, uint32_t seed)
+static void recv_check(vt_end *e, size_t len, uint32_t seed, uint32_t imm)
 {
     VIP_DESCRIPTOR *got = NULL;
     CHECK_OK(VipRecvWait(e->vi, VIP_INFINITE, &got));
     CHECK_PTR(vt_dpool_get(&e->descs, 1), got);
-    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE, got);
+    CHECK_STATUS(VIP_STATUS_DONE | VIP_STATUS_OP_RECEIVE | (imm ? VIP_STATUS_IMMEDIATE : 0), got);
+    if (imm)
+        CHECK_EQ(imm, got->CS.ImmediateData);
     CHECK_EQ(len, got->CS.Length);
     CHECK_PATTERN(e->buf.base + AREA, len, seed);
 }
@@ -106,8 +112,8 @@ static void child_level(vt_end *e, size_t l)
         post_recv(e, sizes[m], segs_for(m + 1));
         vt_fill(e->buf.base, sizes[m], seed_for(l, m));
         vt_sync(e->fd, 0x100 + m);
-        send_wait(e, e->buf.base, sizes[m], segs_for(m));
-        recv_check(e, sizes[m], seed_for(l, m));
+        send_wait(e, e->buf.base, sizes[m], segs_for(m), imm_for(m, seed_for(l, m)));
+        recv_check(e, sizes[m], seed_for(l, m), imm_for(m, seed_for(l, m)));
     }
 }
 
@@ -117,8 +123,8 @@ static void parent_level(vt_end *e, size_t l)
     for (size_t m = 0; m < NSIZES; m++) {
         post_recv(e, sizes[m], segs_for(m + 2));
         vt_sync(e->fd, 0x100 + m);
-        recv_check(e, sizes[m], seed_for(l, m));
-        send_wait(e, e->buf.base + AREA, sizes[m], segs_for(m + 3));
+        recv_check(e, sizes[m], seed_for(l, m), imm_for(m, seed_for(l, m)));
+        send_wait(e, e->buf.base + AREA, sizes[m], segs_for(m + 3), imm_for(m, seed_for(l, m)));
     }
 }
 
@@ -166,7 +172,7 @@ static void child_rdma(vt_end *e, size_t l, uint64_t raddr, VIP_MEM_HANDLE rmh)
         CHECK_ERRBITS(VIP_STATUS_DONE, got);
         CHECK_EQ(len, got->CS.Length);
         if (!imm)
-            send_wait(e, e->buf.base, 0, 1);
+            send_wait(e, e->buf.base, 0, 1, 0);
         vt_sync(e->fd, 0x300 + m);
     }
 }
@@ -339,12 +345,12 @@ static void read_one_way(vt_end *e, int reader, int parent, size_t round, uint64
         if (reader) {
             vt_sync(e->fd, 0x700 + m);
             read_check(e, read_post(e, raddr, rmh, m), m, seed);
-            send_wait(e, e->buf.base, 0, 1);
+            send_wait(e, e->buf.base, 0, 1, 0);
         } else {
             read_source(e, m, seed);
             post_recv(e, 0, 1);
             vt_sync(e->fd, 0x700 + m);
-            recv_check(e, 0, 0);
+            recv_check(e, 0, 0, 0);
         }
         vt_sync(e->fd, 0x800 + m);
     }
@@ -359,8 +365,8 @@ static void read_both_ways(vt_end *e, int parent, size_t round, uint64_t raddr, 
         post_recv(e, 0, 1);
         vt_sync(e->fd, 0x900 + m);
         read_check(e, read_post(e, raddr, rmh, m), m, read_seed(parent, round, m));
-        send_wait(e, e->buf.base, 0, 1);
-        recv_check(e, 0, 0);
+        send_wait(e, e->buf.base, 0, 1, 0);
+        recv_check(e, 0, 0, 0);
         vt_sync(e->fd, 0xA00 + m);
     }
 }
@@ -459,7 +465,7 @@ static void later_op(vt_end *e, int op, uint32_t round, uint64_t raddr, VIP_MEM_
     VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
     if (op == 0) {
         vt_fill(e->buf.base, LATER_LEN, 0x1A7E0 + round);
-        send_wait(e, e->buf.base, LATER_LEN, 3);
+        send_wait(e, e->buf.base, LATER_LEN, 3, 0);
         return;
     }
     if (op == 1) {
@@ -502,7 +508,7 @@ static void refused_later(int fd, int initiator, int first)
             for (int k = 0; k < 3; k++)
                 later_op(&e, (first + k) % 3, round, raddr, rmh);
             /* The end of the round: the target checks the write. */
-            send_wait(&e, e.buf.base, 0, 1);
+            send_wait(&e, e.buf.base, 0, 1, 0);
         } else {
             VIP_DESCRIPTOR *d = vt_dpool_get(&e.descs, 1), *end = vt_dpool_get(&e.descs, 2), *got = NULL;
             if (round == 1)
@@ -566,7 +572,7 @@ static void run_cq_large(int fd, int parent)
         for (size_t m = 0; m < sizeof cq_sizes / sizeof cq_sizes[0]; m++) {
             vt_fill(e.buf.base, cq_sizes[m], 0xC0 + (uint32_t)m);
             vt_sync(fd, 0x7C10 + m);
-            send_wait(&e, e.buf.base, cq_sizes[m], 3);
+            send_wait(&e, e.buf.base, cq_sizes[m], 3, 0);
         }
     } else {
         /* The parent's VI of vt_end_open has no CQ: one that has. */

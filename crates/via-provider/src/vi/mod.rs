@@ -108,6 +108,8 @@ pub(crate) struct Pieces {
     /// Error bits of the descriptor (its buffers went since the post):
     /// the pieces are consumed and not copied.
     pub error: u32,
+    /// The immediate data its first piece carried.
+    pub imm: Option<u32>,
 }
 
 /// An RDMA write arriving through the ring (`SLOT_RDMA_WRITE`, then its

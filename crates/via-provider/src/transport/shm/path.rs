@@ -198,10 +198,7 @@ impl Vi {
             }
             let mut status =
                 if hdr.kind == SLOT_RDMA_WRITE_IMM { STATUS_OP_REMOTE_RDMA_WRITE } else { STATUS_OP_RECEIVE };
-            let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
-            if imm.is_some() {
-                status |= STATUS_IMMEDIATE;
-            }
+            let mut imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
             let mut length = hdr.length;
             // Whether the descriptor and its buffers are still registered:
             // they were when it was posted, and unless a region went since
@@ -222,8 +219,10 @@ impl Vi {
                     None if hdr.status != 0 || hdr.flags & FLAG_INLINE == 0 || hdr.length as u64 > item.total => {
                         return impossible();
                     }
-                    None => Pieces { seq: hdr.recv_seq, total: hdr.length, got: 0, error: 0 },
+                    None => Pieces { seq: hdr.recv_seq, total: hdr.length, got: 0, error: 0, imm },
                 };
+                // The message's immediate data came with its first piece.
+                imm = p.imm;
                 if hdr.recv_seq != p.seq
                     || hdr.length != p.total
                     || hdr.aux != p.got as u64
@@ -282,6 +281,9 @@ impl Vi {
                     // SAFETY: validated against the registry when posted.
                     .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) });
                 length = rx.read_payload_into(dst) as u32;
+            }
+            if imm.is_some() {
+                status |= STATUS_IMMEDIATE;
             }
             // The descriptor's own region may have gone the same way: then
             // it is handed back unwritten rather than written into memory
