@@ -207,8 +207,8 @@ static void parent_rdma(vt_end *e, size_t l)
 }
 
 /* A write into memory registered without RDMA write enable, on a reliable
- * VI: the parent refuses it, nothing lands, the parent sees RDMAW_PROT and
- * the child CONN_LOST. */
+ * VI: refused, nothing lands, the parent sees RDMAW_PROT and the child
+ * CONN_LOST, with RDMA_PROT_ERROR in its descriptor. */
 static void child_refused(vt_end *e, uint64_t raddr, VIP_MEM_HANDLE rmh)
 {
     VIP_DESCRIPTOR *d = vt_dpool_get(&e->descs, 0), *got = NULL;
@@ -218,8 +218,9 @@ static void child_refused(vt_end *e, uint64_t raddr, VIP_MEM_HANDLE rmh)
     CHECK_OK(VipPostSend(e->vi, d, e->descs.mem.mh));
     CHECK_OK(VipSendWait(e->vi, VIP_INFINITE, &got));
     CHECK_PTR(d, got);
-    /* In the ring: complete here; the refusal comes as the break. */
-    CHECK_ERRBITS(VIP_STATUS_DONE, got);
+    /* Through the ring too, checked first against the parent's published
+     * table: the initiator learns why, as on every path. */
+    CHECK_ERRBITS(VIP_STATUS_DONE | VIP_STATUS_RDMA_PROT_ERROR, got);
     CHECK_ERROR_REPORTED(&e->errs, VIP_ERROR_CONN_LOST, e->vi);
     CHECK_STATE_SOON(VIP_STATE_ERROR, e->vi);
 }

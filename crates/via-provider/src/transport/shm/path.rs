@@ -459,12 +459,7 @@ fn execute(
                 // Through the ring, as a send is: the target takes the
                 // immediate data from its ring anyway, and places the bytes
                 // just before (checked against its own registry); cheaper
-                // than a system call.  Checked here first, as a copy is.
-                if !remote_allows(conn, addr, handle, wr.total, true) {
-                    conn.counters.add(Counter::RdmaRefused, 1);
-                    let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
-                    return (STATUS_RDMA_PROT_ERROR, 0, why);
-                }
+                // than a system call.
                 return ring_write(conn, wr, addr, handle, reliable, tally);
             }
             let copied = {
@@ -473,9 +468,7 @@ fn execute(
                     return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
                 };
                 if !remote_allows(conn, addr, handle, wr.total, true) {
-                    conn.counters.add(Counter::RdmaRefused, 1);
-                    let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
-                    return (STATUS_RDMA_PROT_ERROR, 0, why);
+                    return refused_write(conn, reliable);
                 }
                 match wr.total {
                     0 => Ok(0),
@@ -773,11 +766,14 @@ where
 
 /// An RDMA write through the ring, where this process may not attach to
 /// the target: a `SLOT_RDMA_WRITE` naming the target's memory, then the
-/// data in `SLOT_RDMA_PIECE` slots.  The target checks the write against
-/// its own registry, tag and enables before a byte lands (`drain_ring`);
-/// it breaks a reliable connection over a refused one and drops it on an
-/// unreliable VI, so the write completes here once it is in the ring.
-/// With immediate data it takes the target's next posted receive first.
+/// data in `SLOT_RDMA_PIECE` slots.  Checked here first against the
+/// target's published table, as a copy is, so that the initiator learns of
+/// a refusal on every path; the target checks the write again against its
+/// own registry, tag and enables before a byte lands (`drain_ring`), and
+/// breaks a reliable connection over one it refuses (a region that went
+/// since) or drops it on an unreliable VI: a write that passed here
+/// completes once it is in the ring.  With immediate data it takes the
+/// target's next posted receive first.
 fn ring_write(
     conn: &Conn,
     wr: &WorkRequest,
@@ -787,6 +783,9 @@ fn ring_write(
     tally: &mut CounterRow,
 ) -> (u32, u32, Option<Break>) {
     let total = wr.total as u32;
+    if !remote_allows(conn, addr, handle, wr.total, true) {
+        return refused_write(conn, reliable);
+    }
     let mut recv_seq = 0;
     if wr.immediate.is_some() {
         match conn.seg.peer_recvs().take_seq() {
@@ -842,6 +841,15 @@ fn receiver_holds(conn: &Conn, seg: &RecvSeg) -> bool {
     // SAFETY: as in `remote_allows`.
     let table = unsafe { PublishedTable::new(conn.peer_table.as_ptr()) };
     table.lookup(seg.handle).is_some_and(|r| r.contains(seg.addr, u64::from(seg.len)))
+}
+
+/// The outcome of an RDMA write that the target's table refuses: nothing
+/// moves; on a reliable VI the connection breaks, `RDMAW_PROT` at the
+/// target.
+fn refused_write(conn: &Conn, reliable: bool) -> (u32, u32, Option<Break>) {
+    conn.counters.add(Counter::RdmaRefused, 1);
+    let why = reliable.then_some(Break { mine: error_code::CONN_LOST, theirs: error_code::RDMAW_PROT });
+    (STATUS_RDMA_PROT_ERROR, 0, why)
 }
 
 /// Checks an RDMA request against the target's registry, tag and enables:
