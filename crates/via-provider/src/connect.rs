@@ -564,6 +564,62 @@ pub(crate) fn link_directly(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
     Ok(())
 }
 
+/// Connects `a` and `b`, VIs of this process, over shared memory, as the
+/// host agent and the handshake would: one connection segment and socket
+/// pair between them, each side mapping the other's bell, lane and
+/// registry table.  The whole-provider simulator's local connections.
+#[cfg(test)]
+pub(crate) fn link_locally(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<(Arc<Conn>, Arc<Conn>)> {
+    if a.attrs().reliability != b.attrs().reliability {
+        return Err(ViaError::InvalidReliabilityLevel);
+    }
+    begin(a)?;
+    if let Err(e) = begin(b) {
+        abort(a);
+        return Err(e);
+    }
+    let conns = local_pair(a, b).map_err(|e| {
+        tracing::warn!("cannot make a local connection: {e}");
+        abort(a);
+        abort(b);
+        ViaError::Resource
+    })?;
+    for (vi, conn) in [(a, &conns.0), (b, &conns.1)] {
+        finish(vi, Linked { peer: conn.peer, link: Link::Shm(conn.clone()) });
+    }
+    Ok(conns)
+}
+
+/// The two sides of a local connection between `a` and `b`, their receives
+/// published.
+#[cfg(test)]
+fn local_pair(a: &Arc<Vi>, b: &Arc<Vi>) -> std::io::Result<(Arc<Conn>, Arc<Conn>)> {
+    let segment = SharedRegion::create("openvia-conn", CONN_SEGMENT_BYTES)?;
+    let (socket_a, socket_b) = viad_client::sock::pair()?;
+    // SAFETY: getuid cannot fail.
+    let me = Sender { pid: std::process::id() as i32, uid: unsafe { libc::getuid() } };
+    let mut parts = Vec::new();
+    for (vi, peer, side, socket) in [(a, b, Side::A, socket_a), (b, a, Side::B, socket_b)] {
+        let fds = ConnFds {
+            segment: segment.fd().try_clone_to_owned()?,
+            socket,
+            peer_bell: peer.nic.bell.fd().try_clone_to_owned()?,
+        };
+        let part = map_parts(fds, side).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        vi.attach_segment(part.seg.clone()).map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+        parts.push(part);
+    }
+    let mut conns = parts.into_iter().zip([(a, b), (b, a)]).map(|(part, (vi, peer))| -> std::io::Result<Arc<Conn>> {
+        let table = provider().peer_tables.map(peer.nic.table.fd().try_clone_to_owned()?, TableSegment::map)?;
+        let lane_in = vi.nic.lanes.for_peer(me.pid)?;
+        let theirs = peer.nic.lanes.for_peer(me.pid)?;
+        let lane_out = provider().peer_lanes.map(theirs.queues.fd().try_clone_to_owned()?, Inbox::map)?;
+        let intro = Introduction { sender: me, table };
+        Ok(Arc::new(part.into_conn(intro, LanePair { lane_in, lane_out }, peer.endpoint(), vi)))
+    });
+    Ok((conns.next().unwrap()?, conns.next().unwrap()?))
+}
+
 /// `VipConnectRequest`: returns the server's endpoint.
 pub fn connect_request(vi: &Arc<Vi>, local: &NetAddress, remote: &NetAddress, timeout_ms: u64) -> ViaResult<Endpoint> {
     if timeout_ms == 0 {

@@ -1,7 +1,8 @@
 //! The whole-provider simulator (tests only): several hosts in one
 //! process, each an open NIC of this provider with its own network port,
 //! joined by `via_reliable::netsim`'s simulated network and fault
-//! injector, on a virtual clock, in one thread.
+//! injector, on a virtual clock, in one thread.  Two VIs of one host
+//! connect over shared memory, some of them through the ring.
 //!
 //! Everything above the datapath is the provider's own code: VIs, work
 //! queues, descriptors, CQs, the ports' endpoints and sessions, the
@@ -10,8 +11,9 @@
 //! `SimWire` in place of its sockets), time (`clock::simulated`, in
 //! which the waits' deadlines count too, and where a wait would sleep it
 //! steps the simulation instead), the helper thread (`Sim::step` reads
-//! the ports and runs their timers as it would) and the host agents'
-//! rendezvous (`connect::link_directly`).
+//! the ports and the local connections' sockets and runs the timers as
+//! it would) and the host agents' rendezvous and handshake
+//! (`connect::link_directly` across hosts, `connect::link_locally` on one).
 //! `workload` drives it through the VIPL operations with seeded random
 //! workloads and checks the specification's semantics.
 
@@ -20,6 +22,7 @@ pub(crate) mod workload;
 use crate::clock::simulated;
 use crate::handles::Handle;
 use crate::nic::Nic;
+use crate::transport::shm::Conn;
 use crate::transport::udp::sim_wire::SimWire;
 use crate::transport::udp::{NetPort, NetReceiver};
 use crate::tuning::{tuning, CqMode, Doorbell, Tuning};
@@ -78,6 +81,12 @@ pub(crate) struct Sim {
     vis: Vec<(usize, Weak<Vi>)>,
     /// Steps in a row that left virtual time where it was.
     still: u32,
+    /// The shared-memory connections between VIs of one host, and their
+    /// host, in the order they connected.
+    local: Vec<(usize, Weak<Conn>)>,
+    /// Connections made over shared memory, and of those through the ring.
+    pub(crate) local_links: u64,
+    pub(crate) ring_links: u64,
 }
 
 impl Sim {
@@ -115,7 +124,18 @@ impl Sim {
             .collect::<Vec<_>>();
         // Misdirected packets go to VI ids nobody has, or to another host.
         let faults = FaultInjector::new(faults, vec![Vec::new(); hosts.len()], &config);
-        Sim { hosts, net, faults, rng, next_timer: None, vis: Vec::new(), still: 0 }
+        Sim {
+            hosts,
+            net,
+            faults,
+            rng,
+            next_timer: None,
+            vis: Vec::new(),
+            still: 0,
+            local: Vec::new(),
+            local_links: 0,
+            ring_links: 0,
+        }
     }
 
     /// Host `h`'s NIC.
@@ -123,14 +143,34 @@ impl Sim {
         &self.hosts[h].nic
     }
 
-    /// Connects `a` and `b` (idle VIs of two different hosts, with
-    /// attributes that match, as the connection manager would require):
-    /// both are connected when it returns.
+    /// Connects `a` and `b` (idle VIs with attributes that match, as the
+    /// connection manager would require): over the network if they are
+    /// of two hosts, over shared memory if of one.  Both are connected
+    /// when it returns.
     pub(crate) fn connect(&mut self, a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
         simulated::set(Some(self.net.now));
+        let host_of =
+            |vi: &Vi| self.hosts.iter().position(|h| h.nic.handle == vi.nic.handle).expect("a VI of a simulated host");
+        let (ha, hb) = (host_of(a), host_of(b));
+        if ha == hb {
+            let (ca, cb) = crate::connect::link_locally(a, b)?;
+            // The simulator reads their sockets where the helper thread
+            // would; some connections go through the ring, as between
+            // processes that may not attach to each other.
+            let ring = self.rng.chance(0.25);
+            self.local_links += 1;
+            self.ring_links += ring as u64;
+            for conn in [ca, cb] {
+                conn.unwatch();
+                if ring {
+                    conn.attach.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+                self.local.push((ha, Arc::downgrade(&conn)));
+            }
+            return Ok(());
+        }
         crate::connect::link_directly(a, b)?;
-        for vi in [a, b] {
-            let host = self.hosts.iter().position(|h| h.nic.handle == vi.nic.handle).expect("a VI of a simulated host");
+        for (vi, host) in [(a, ha), (b, hb)] {
             // A VI that connects again keeps its place in the order.
             if !self.vis.iter().any(|(_, known)| std::ptr::eq(known.as_ptr(), Arc::as_ptr(vi))) {
                 self.vis.push((host, Arc::downgrade(vi)));
@@ -164,9 +204,16 @@ impl Sim {
                 host.wire.arrived.lock().arrive(packet);
             }
         }
-        // The helper thread's part: read the ports, run the sessions' timers.
+        // The helper thread's part: read the local connections' sockets
+        // and the ports, run the sessions' timers.
         let now = self.net.now;
         self.next_timer = None;
+        self.local.retain(|(_, conn)| conn.strong_count() > 0);
+        for (h, conn) in &self.local {
+            if let (false, Some(conn)) = (self.hosts[*h].dead, conn.upgrade()) {
+                crate::progress::Source::ready(&*conn);
+            }
+        }
         for host in self.hosts.iter().filter(|h| !h.dead) {
             host.port.poll(true);
         }
@@ -438,6 +485,35 @@ mod tests {
             assert!(nics[0].counters.get(crate::counters::Counter::LastWordsRepeated) > 0, "seed {seed}");
             // a's new connection is not touched.
             assert_eq!(a.state(), ViState::Connected, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn two_vis_of_one_host_connect_over_shared_memory() {
+        for seed in 0..8 {
+            let mut sim = Sim::new(seed, 2, NONE);
+            let nic = sim.nic(0).clone();
+            let tag = nic.create_ptag().unwrap();
+            let (a, b) = (vi(&nic, tag, SERVICE_RELIABLE_DELIVERY), vi(&nic, tag, SERVICE_RELIABLE_DELIVERY));
+            let m = Memory::new(&nic, nic.ptag(tag).unwrap().id, 1 << 16);
+            // A receive posted before the connection is published with it.
+            b.post_recv(m.descriptor(0, 32768, 30_000), m.mem).unwrap();
+            sim.connect(&a, &b).unwrap();
+            assert!(matches!(a.send.lock().link, Some(crate::vi::Link::Shm(_))), "seed {seed}");
+            let sent: Vec<u8> = (0..20_000u32).map(|i| (i * 13 + seed as u32) as u8).collect();
+            // SAFETY: within `m`.
+            unsafe { std::ptr::copy_nonoverlapping(sent.as_ptr(), m.at(4096) as *mut u8, sent.len()) };
+            a.post_send(m.descriptor(64, 4096, sent.len() as u32), m.mem).unwrap();
+            let got = run_until(&mut sim, Duration::from_secs(1), || b.recv_done().is_ok());
+            assert!(got, "seed {seed}: nothing received");
+            // SAFETY: within `m`.
+            let placed = unsafe { std::slice::from_raw_parts(m.at(32768) as *const u8, sent.len()) };
+            assert!(placed == &sent[..], "seed {seed}: the bytes differ");
+            assert_eq!(a.send_done().unwrap().status() & (STATUS_DONE | STATUS_ERROR_MASK), STATUS_DONE);
+            // a disconnects: b hears it through the socket the simulator reads.
+            a.disconnect().unwrap();
+            let heard = run_until(&mut sim, Duration::from_secs(1), || b.state() == ViState::Error);
+            assert!(heard, "seed {seed}: b is {:?}", b.state());
         }
     }
 

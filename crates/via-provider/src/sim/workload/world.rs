@@ -86,6 +86,9 @@ pub(crate) struct Summary {
     pub scanned_entries: u64,
     /// Whether a host declined the payload CRC.
     pub declined_crc: bool,
+    /// Connections made over shared memory, and of those through the ring.
+    pub local_links: u64,
+    pub ring_links: u64,
 }
 
 struct Host {
@@ -1141,6 +1144,8 @@ impl<'p> World<'p> {
             timeouts: self.timeouts,
             scanned_entries: self.scanned_entries,
             declined_crc: self.hosts.iter().any(|h| !h.nic.tuning.payload_crc),
+            local_links: self.sim.local_links,
+            ring_links: self.sim.ring_links,
         })
     }
 
