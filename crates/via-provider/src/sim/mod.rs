@@ -30,6 +30,7 @@ use crate::vi::Vi;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use via_core::error::ViaResult;
+use via_shm::ring::INLINE_MAX;
 use via_reliable::netsim::{FaultInjector, Faults, NetConfig, NetStats, SimNet, MAX_HOSTS};
 use via_reliable::sim::SimRng;
 
@@ -43,9 +44,11 @@ const IDLE_TICK: Duration = Duration::from_millis(1);
 const STILL_STEPS: u32 = 1_000_000;
 
 /// Each host's settings: the process's, but with its CQs' implementation
-/// drawn (CQ1, entries, or CQ2, scanning the work queues), and, where the
-/// process keeps the payload CRC, one host in two seeds declining it (its
-/// peers insist, so its connections keep the CRC).  The send doorbell
+/// drawn (CQ1, entries, or CQ2, scanning the work queues), its inline
+/// limit (which small sends and writes over shared memory go through the
+/// ring rather than by cross-memory attach), and, where the process keeps
+/// the payload CRC, one host in two seeds declining it (its peers insist,
+/// so its connections keep the CRC).  The send doorbell
 /// stays `direct`: the others carry sends out on a thread of their own,
 /// outside virtual time.
 fn host_settings(rng: &mut SimRng, hosts: usize) -> Vec<Tuning> {
@@ -54,6 +57,7 @@ fn host_settings(rng: &mut SimRng, hosts: usize) -> Vec<Tuning> {
         .map(|h| Tuning {
             doorbell: Doorbell::Direct,
             cq: if rng.chance(0.5) { CqMode::Scan } else { CqMode::Entries },
+            inline_max: [0, 1, 64, INLINE_MAX][rng.below(4) as usize],
             payload_crc: tuning().payload_crc && declining != Some(h),
             ..tuning().clone()
         })
