@@ -2,7 +2,8 @@
 //! process, each an open NIC of this provider with its own network port,
 //! joined by `via_reliable::netsim`'s simulated network and fault
 //! injector, on a virtual clock, in one thread.  Two VIs of one host
-//! connect over shared memory, some of them through the ring.
+//! connect over shared memory, some of them through the ring, from the
+//! start or from a moment on.
 //!
 //! Everything above the datapath is the provider's own code: VIs, work
 //! queues, descriptors, CQs, the ports' endpoints and sessions, the
@@ -27,12 +28,13 @@ use crate::transport::udp::sim_wire::SimWire;
 use crate::transport::udp::{NetPort, NetReceiver};
 use crate::tuning::{tuning, CqMode, Doorbell, Tuning};
 use crate::vi::Vi;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use via_core::error::ViaResult;
-use via_shm::ring::INLINE_MAX;
 use via_reliable::netsim::{FaultInjector, Faults, NetConfig, NetStats, SimNet, MAX_HOSTS};
 use via_reliable::sim::SimRng;
+use via_shm::ring::INLINE_MAX;
 
 /// How far virtual time moves when nothing at all is pending: the
 /// application is waiting for something that will not come, and its
@@ -85,10 +87,12 @@ pub(crate) struct Sim {
     vis: Vec<(usize, Weak<Vi>)>,
     /// Steps in a row that left virtual time where it was.
     still: u32,
-    /// The shared-memory connections between VIs of one host, and their
-    /// host, in the order they connected.
-    local: Vec<(usize, Weak<Conn>)>,
-    /// Connections made over shared memory, and of those through the ring.
+    /// The shared-memory connections between VIs of one host, their host
+    /// and when the peer stops letting this side attach, in the order they
+    /// connected.
+    local: Vec<(usize, Weak<Conn>, Option<Instant>)>,
+    /// Connections made over shared memory, and of those through the ring
+    /// (from the start, or one side from a moment on).
     pub(crate) local_links: u64,
     pub(crate) ring_links: u64,
 }
@@ -159,17 +163,23 @@ impl Sim {
         if ha == hb {
             let (ca, cb) = crate::connect::link_locally(a, b)?;
             // The simulator reads their sockets where the helper thread
-            // would; some connections go through the ring, as between
-            // processes that may not attach to each other.
+            // would.  Some connections go through the ring, as between
+            // processes that may not attach to each other; on some, one
+            // side's peer stops letting it attach a while later, and its
+            // copies go through the ring from then on.
             let ring = self.rng.chance(0.25);
+            let later = (!ring && self.rng.chance(0.25)).then(|| {
+                (self.rng.below(2), self.net.now + self.rng.duration(Duration::ZERO, Duration::from_millis(500)))
+            });
             self.local_links += 1;
-            self.ring_links += ring as u64;
-            for conn in [ca, cb] {
+            self.ring_links += (ring || later.is_some()) as u64;
+            for (side, conn) in [ca, cb].into_iter().enumerate() {
                 conn.unwatch();
                 if ring {
-                    conn.attach.store(false, std::sync::atomic::Ordering::Relaxed);
+                    conn.attach.store(false, Ordering::Relaxed);
                 }
-                self.local.push((ha, Arc::downgrade(&conn)));
+                let refused_at = later.filter(|&(s, _)| s == side as u64).map(|(_, at)| at);
+                self.local.push((ha, Arc::downgrade(&conn), refused_at));
             }
             return Ok(());
         }
@@ -212,9 +222,13 @@ impl Sim {
         // and the ports, run the sessions' timers.
         let now = self.net.now;
         self.next_timer = None;
-        self.local.retain(|(_, conn)| conn.strong_count() > 0);
-        for (h, conn) in &self.local {
+        self.local.retain(|(_, conn, _)| conn.strong_count() > 0);
+        for (h, conn, refused_at) in &mut self.local {
             if let (false, Some(conn)) = (self.hosts[*h].dead, conn.upgrade()) {
+                if refused_at.is_some_and(|at| at <= now) {
+                    *refused_at = None;
+                    conn.attach.store(false, Ordering::Relaxed);
+                }
                 crate::progress::Source::ready(&*conn);
             }
         }

@@ -86,7 +86,8 @@ pub(crate) struct Summary {
     pub scanned_entries: u64,
     /// Whether a host declined the payload CRC.
     pub declined_crc: bool,
-    /// Connections made over shared memory, and of those through the ring.
+    /// Connections made over shared memory, and of those through the ring
+    /// (from the start, or one side from a moment on).
     pub local_links: u64,
     pub ring_links: u64,
 }
