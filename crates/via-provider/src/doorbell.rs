@@ -120,11 +120,18 @@ impl SendEngine {
 
     /// Leaves the progress engine (`VipCloseNic`), after one last sweep.
     pub fn shut_down(&self) {
+        self.leave_progress();
+        self.sweep_locked(&mut self.sweeper.lock());
+    }
+
+    /// Stops the helper thread's sweeps: from now on only the threads that
+    /// call into the NIC sweep (the whole-provider simulator, in one
+    /// thread, sweeps where the helper thread would).
+    pub fn leave_progress(&self) {
         let token: Token = self.token.swap(0, Ordering::AcqRel);
         if token != 0 && progress::unregister(token) {
             progress::unwatch_fd(self.wakeup.as_fd());
         }
-        self.sweep_locked(&mut self.sweeper.lock());
     }
 
     fn wake(&self) {

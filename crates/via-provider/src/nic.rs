@@ -221,7 +221,12 @@ impl Nic {
         };
         let counters = crate::counters::Counters::new(&format!("sim{}", wire.host));
         let port = crate::transport::udp::NetPort::simulated(wire, info.mtu as usize, large, &counters);
-        Nic::build(info, None, counters, Some(port), tuning)
+        let (handle, nic) = Nic::build(info, None, counters, Some(port), tuning)?;
+        // The simulator sweeps the doorbells where the helper thread would.
+        if let Some(engine) = &nic.send_engine {
+            engine.leave_progress();
+        }
+        Ok((handle, nic))
     }
 
     /// `VipDeregisterMem`, a fence: once it returns, no peer's copy lands

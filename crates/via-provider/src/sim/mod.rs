@@ -50,14 +50,14 @@ const STILL_STEPS: u32 = 1_000_000;
 /// limit (which small sends and writes over shared memory go through the
 /// ring rather than by cross-memory attach), and, where the process keeps
 /// the payload CRC, one host in two seeds declining it (its peers insist,
-/// so its connections keep the CRC).  The send doorbell
-/// stays `direct`: the others carry sends out on a thread of their own,
-/// outside virtual time.
+/// so its connections keep the CRC), and its send doorbell (`direct`,
+/// `d1` or `d2`; the simulator sweeps the doorbells where the helper
+/// thread would).
 fn host_settings(rng: &mut SimRng, hosts: usize) -> Vec<Tuning> {
     let declining = (tuning().payload_crc && rng.chance(0.5)).then(|| rng.below(hosts as u64) as usize);
     (0..hosts)
         .map(|h| Tuning {
-            doorbell: Doorbell::Direct,
+            doorbell: [Doorbell::Direct, Doorbell::PerVi, Doorbell::Central][rng.below(3) as usize],
             cq: if rng.chance(0.5) { CqMode::Scan } else { CqMode::Entries },
             inline_max: [0, 1, 64, INLINE_MAX][rng.below(4) as usize],
             payload_crc: tuning().payload_crc && declining != Some(h),
@@ -233,6 +233,9 @@ impl Sim {
             }
         }
         for host in self.hosts.iter().filter(|h| !h.dead) {
+            if let Some(engine) = &host.nic.send_engine {
+                engine.sweep();
+            }
             host.port.poll(true);
         }
         // The timers in the order the VIs connected, not the port's (by
