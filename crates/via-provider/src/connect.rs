@@ -111,7 +111,7 @@ impl Parts {
             attach: AtomicBool::new(attach),
             peer,
             vi: vi.handle,
-            lost: conn_lost,
+            lost: conn_lost(vi),
             token: Default::default(),
             counters: vi.nic.counters.clone(),
             inline_max: vi.nic.tuning.inline_max,
@@ -119,12 +119,16 @@ impl Parts {
     }
 }
 
-/// A shared-memory connection's peer went, or broke it with `code`: its
-/// VI enters the error state (if that connection is still its own).
-fn conn_lost(conn: &Conn, code: u32) {
-    if let Ok(vi) = Vi::get(conn.vi) {
-        vi.peer_lost(conn, code);
-    }
+/// What a shared-memory connection of `vi` does when its peer went, or
+/// broke it with a code: the VI, found in its provider's table, enters the
+/// error state (if that connection is still its own).
+fn conn_lost(vi: &Vi) -> crate::transport::shm::conn::LostFn {
+    let provider = Arc::downgrade(&vi.nic.provider);
+    Box::new(move |conn, code| {
+        if let Some(vi) = provider.upgrade().and_then(|p| Vi::get_in(&p, conn.vi).ok()) {
+            vi.peer_lost(conn, code);
+        }
+    })
 }
 
 /// The host agent, for a call that closing `nic` ends.
@@ -307,7 +311,7 @@ pub fn connect_wait(nic: &Arc<Nic>, local: &NetAddress, timeout_ms: u64) -> ViaR
 /// `VipConnectAccept`.
 pub fn accept(conn: Handle, vi: &Arc<Vi>) -> ViaResult<()> {
     let pending = provider().conns.get(conn).ok_or(ViaError::InvalidParameter)?;
-    if vi.nic.handle != pending.nic.handle {
+    if !Arc::ptr_eq(&vi.nic, &pending.nic) {
         return Err(ViaError::InvalidParameter);
     }
     if vi.state() != ViState::Idle {

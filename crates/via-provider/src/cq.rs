@@ -16,8 +16,8 @@
 
 use crate::handles::{Handle, ThreadCache};
 use crate::nic::{ErrorEvent, Nic};
-use crate::provider;
 use crate::tuning::CqMode;
+use crate::{provider, Provider};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -67,7 +67,7 @@ impl Cq {
             return Err(ViaError::Resource);
         }
         let index = nic.claim_cq_slot()?;
-        match provider().cqs.insert(|handle| {
+        match nic.provider.cqs.insert(|handle| {
             Arc::new(Cq {
                 handle,
                 nic: nic.clone(),
@@ -89,9 +89,14 @@ impl Cq {
         }
     }
 
-    /// Looks up a CQ handle.
+    /// Looks up a CQ handle of the process's provider.
     pub fn get(handle: Handle) -> ViaResult<Arc<Cq>> {
-        provider().cqs.get(handle).ok_or(ViaError::InvalidParameter)
+        Cq::get_in(provider(), handle)
+    }
+
+    /// Looks up a CQ handle of `provider`.
+    pub fn get_in(provider: &Provider, handle: Handle) -> ViaResult<Arc<Cq>> {
+        provider.cqs.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
     /// Runs `f` on the CQ of `handle`, through the thread's cache
@@ -102,11 +107,16 @@ impl Cq {
 
     /// `VipDestroyCQ`: only when no work queue uses it.
     pub fn destroy(handle: Handle) -> ViaResult<()> {
-        let cq = Cq::get(handle)?;
+        Cq::destroy_in(provider(), handle)
+    }
+
+    /// `VipDestroyCQ` of a CQ of `provider`.
+    pub fn destroy_in(provider: &Provider, handle: Handle) -> ViaResult<()> {
+        let cq = Cq::get_in(provider, handle)?;
         if cq.users.load(Ordering::Acquire) > 0 {
             return Err(ViaError::InvalidState);
         }
-        provider().cqs.remove(handle);
+        provider.cqs.remove(handle);
         cq.destroyed.store(true, Ordering::Release);
         cq.nic.bell.ring(cq.index);
         cq.nic.release_cq_slot(cq.index);

@@ -70,7 +70,7 @@ impl Cq {
         while let Some(word) = queues.pop(self.index) {
             let entry = CqEntry::decode(word);
             // Through the thread's last VI: the caller's next call is on this one.
-            let mine = Vi::with(entry.vi, |vi| {
+            let mine = Vi::with_in(&self.nic.provider, entry.vi, |vi| {
                 let cq = if entry.recv { &vi.recv_cq } else { &vi.send_cq };
                 let mine = cq.as_ref().is_some_and(|c| c.handle == self.handle)
                     && lane.is_none_or(|id| vi.lane.load(Ordering::Acquire) == id);
@@ -100,7 +100,7 @@ impl Cq {
         for i in 0..n {
             let k = (start + i) % n;
             let (vi, recv) = members[k];
-            if Vi::with(vi, |vi| Ok(vi.report_unseen(recv))) == Ok(true) {
+            if Vi::with_in(&self.nic.provider, vi, |vi| Ok(vi.report_unseen(recv))) == Ok(true) {
                 self.cursor.store(k + 1, Ordering::Relaxed);
                 return Some(CqEntry { vi, recv });
             }
@@ -117,7 +117,7 @@ impl Cq {
         let start = self.arrival_cursor.fetch_add(ARRIVAL_LOOK, Ordering::Relaxed);
         (0..ARRIVAL_LOOK.min(n)).any(|i| {
             let (vi, recv) = members[(start + i) % n];
-            recv && Vi::with(vi, |vi| Ok(vi.arriving())) == Ok(true)
+            recv && Vi::with_in(&self.nic.provider, vi, |vi| Ok(vi.arriving())) == Ok(true)
         })
     }
 
@@ -190,8 +190,9 @@ fn lane_overflowed(nic: &Arc<Nic>, lane: u64) {
         .filter(|(_, conn)| conn.upgrade().is_some_and(|c| c.lane_in.id == lane))
         .map(|(vi, _)| *vi)
         .collect();
+    let provider = nic.provider.clone();
     crate::progress::defer(Box::new(move || {
-        for vi in vis.into_iter().filter_map(|h| Vi::get(h).ok()) {
+        for vi in vis.into_iter().filter_map(|h| Vi::get_in(&provider, h).ok()) {
             vi.break_connection(Break { mine: error_code::CONN_LOST, theirs: error_code::CONN_LOST });
         }
     }));

@@ -39,6 +39,9 @@ type Cached<T> = (Handle, Arc<T>);
 /// one of them here.  It grows to the next power of two above the highest
 /// index used, so at most to the table's capacity.
 pub(crate) struct ThreadCache<T> {
+    /// The table it holds objects of: another table's use empties it
+    /// (each provider instance has tables of its own).
+    table: Cell<u64>,
     /// The table's removal count when the cache was last emptied.
     epoch: Cell<u64>,
     slots: RefCell<Vec<Option<Cached<T>>>>,
@@ -47,7 +50,7 @@ pub(crate) struct ThreadCache<T> {
 impl<T> ThreadCache<T> {
     /// An empty cache, for a `thread_local!`.
     pub(crate) const fn new() -> ThreadCache<T> {
-        ThreadCache { epoch: Cell::new(0), slots: RefCell::new(Vec::new()) }
+        ThreadCache { table: Cell::new(0), epoch: Cell::new(0), slots: RefCell::new(Vec::new()) }
     }
 
     /// Drops every entry (outside the borrow: an object's drop may use a cache).
@@ -80,6 +83,8 @@ struct Slot<T> {
 /// A fixed-capacity table of objects of one kind.
 pub struct Table<T> {
     kind: Kind,
+    /// This table among all of the process (never 0, never reused).
+    id: u64,
     slots: Vec<RwLock<Slot<T>>>,
     free: parking_lot::Mutex<Vec<u32>>,
     /// Objects removed so far: a thread cache older than this is emptied.
@@ -89,8 +94,10 @@ pub struct Table<T> {
 impl<T> Table<T> {
     /// A table of `capacity` slots.
     pub fn new(kind: Kind, capacity: u32) -> Table<T> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         Table {
             kind,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             slots: (0..capacity).map(|_| RwLock::new(Slot { generation: 0, object: None })).collect(),
             free: parking_lot::Mutex::new((0..capacity).rev().collect()),
             removed: AtomicU64::new(0),
@@ -162,9 +169,10 @@ impl<T> Table<T> {
     ) -> Option<R> {
         cache.with(|cache| {
             let removed = self.removed.load(Ordering::Acquire);
-            if cache.epoch.get() != removed {
+            if cache.epoch.get() != removed || cache.table.get() != self.id {
                 cache.empty();
                 cache.epoch.set(removed);
+                cache.table.set(self.id);
             }
             let (index, _) = self.locate(handle)?;
             // Taken out while `f` runs: a nested call on it looks it up.
@@ -235,6 +243,19 @@ mod tests {
         // A forged generation of a cached index is refused.
         let (h, _) = objects[7];
         assert_eq!(table.with(&CACHE, h ^ (1 << 40), |x| **x), None);
+    }
+
+    #[test]
+    fn thread_cache_serves_each_table_its_own_objects() {
+        // Two tables (two provider instances) hand out the same handle.
+        let (one, two): (Table<u32>, Table<u32>) = (Table::new(Kind::Vi, 4), Table::new(Kind::Vi, 4));
+        let (h, _) = one.insert(|_| Arc::new(1)).unwrap();
+        let (h2, _) = two.insert(|_| Arc::new(2)).unwrap();
+        assert_eq!(h, h2);
+        for _ in 0..2 {
+            assert_eq!(one.with(&CACHE, h, |o| **o), Some(1));
+            assert_eq!(two.with(&CACHE, h, |o| **o), Some(2));
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ mod vi_attrs;
 
 use handles::{Kind, Table};
 use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 pub use cq::Cq;
 pub use nic::{ErrorEvent, Nic, Ptag};
@@ -40,7 +40,10 @@ pub use vi::{Vi, ViAttrs, ViState};
 pub use via_core::error::ViaResult;
 pub use via_core::ViaError;
 
-/// Every live object of this process.
+/// A provider instance: every live object of its NICs, in tables that
+/// turn the application's handles into objects.  A process has one, which
+/// the C ABI's handles name ([`provider`]); the whole-provider simulator
+/// makes one per simulated host.
 pub struct Provider {
     /// Open NICs.
     pub nics: Table<Nic>,
@@ -60,51 +63,66 @@ pub struct Provider {
     pub peer_tables: connect::PeerMappings<via_shm::TableSegment>,
 }
 
-/// The process-wide provider.
-pub fn provider() -> &'static Provider {
-    static PROVIDER: OnceLock<Provider> = OnceLock::new();
-    PROVIDER.get_or_init(|| Provider {
-        nics: Table::new(Kind::Nic, 64),
-        ptags: Table::new(Kind::Ptag, 64 * via_core::consts::limits::MAX_PTAGS as u32),
-        vis: Table::new(Kind::Vi, 4 * via_core::consts::limits::MAX_VI as u32),
-        cqs: Table::new(Kind::Cq, 4 * via_core::consts::limits::MAX_CQ as u32),
-        conns: Table::new(Kind::Conn, 4096),
-        peer_lanes: Default::default(),
-        peer_bells: Default::default(),
-        peer_tables: Default::default(),
-    })
+/// The process's provider, whose handles the C ABI hands out.
+pub fn provider() -> &'static Arc<Provider> {
+    static PROVIDER: OnceLock<Arc<Provider>> = OnceLock::new();
+    PROVIDER.get_or_init(|| Arc::new(Provider::for_nics(64)))
 }
 
-/// `VipCloseNic`: closes the NIC, disconnects and destroys its VIs, and
-/// forgets its pending connection requests, CQs and protection tags.
+/// `VipCloseNic` on the process's provider.
 pub fn close_nic(handle: handles::Handle) -> ViaResult<()> {
-    let nic = Nic::get(handle)?;
-    nic.shut();
-    let p = provider();
-    for (h, vi) in p.vis.all() {
-        if vi.nic.handle == handle {
-            let _ = vi.disconnect();
-            p.vis.remove(h);
-            // A thread that kept it as its last VI must not use it.
-            vi.destroyed.store(true, Ordering::Release);
+    provider().close_nic(handle)
+}
+
+impl Provider {
+    /// An instance with room for `nics` open NICs: each its protection
+    /// tags; VIs and CQs up to four NICs' worth of each.
+    pub fn for_nics(nics: u32) -> Provider {
+        use via_core::consts::limits::{MAX_CQ, MAX_PTAGS, MAX_VI};
+        let shared = nics.min(4);
+        Provider {
+            nics: Table::new(Kind::Nic, nics),
+            ptags: Table::new(Kind::Ptag, nics * MAX_PTAGS as u32),
+            vis: Table::new(Kind::Vi, shared * MAX_VI as u32),
+            cqs: Table::new(Kind::Cq, shared * MAX_CQ as u32),
+            conns: Table::new(Kind::Conn, 64 * nics),
+            peer_lanes: Default::default(),
+            peer_bells: Default::default(),
+            peer_tables: Default::default(),
         }
     }
-    for (h, c) in p.conns.all() {
-        if c.nic.handle == handle {
-            p.conns.remove(h);
+
+    /// `VipCloseNic`: closes the NIC, disconnects and destroys its VIs, and
+    /// forgets its pending connection requests, CQs and protection tags.
+    pub fn close_nic(&self, handle: handles::Handle) -> ViaResult<()> {
+        let nic = self.nics.get(handle).ok_or(ViaError::InvalidParameter)?;
+        nic.shut();
+        let p = self;
+        for (h, vi) in p.vis.all() {
+            if vi.nic.handle == handle {
+                let _ = vi.disconnect();
+                p.vis.remove(h);
+                // A thread that kept it as its last VI must not use it.
+                vi.destroyed.store(true, Ordering::Release);
+            }
         }
-    }
-    for (h, cq) in p.cqs.all() {
-        if cq.nic.handle == handle {
-            p.cqs.remove(h);
-            cq.destroyed.store(true, Ordering::Release);
+        for (h, c) in p.conns.all() {
+            if c.nic.handle == handle {
+                p.conns.remove(h);
+            }
         }
-    }
-    for (h, t) in p.ptags.all() {
-        if t.nic == handle {
-            p.ptags.remove(h);
+        for (h, cq) in p.cqs.all() {
+            if cq.nic.handle == handle {
+                p.cqs.remove(h);
+                cq.destroyed.store(true, Ordering::Release);
+            }
         }
+        for (h, t) in p.ptags.all() {
+            if t.nic == handle {
+                p.ptags.remove(h);
+            }
+        }
+        p.nics.remove(handle);
+        Ok(())
     }
-    p.nics.remove(handle);
-    Ok(())
 }

@@ -1,9 +1,9 @@
 //! NICs and protection tags.
 
 use crate::handles::Handle;
-use crate::provider;
 use crate::transport::shm::conn::FENCE_LIMIT;
 use crate::tuning::{tuning, Tuning};
+use crate::{provider, Provider};
 use parking_lot::Mutex;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -49,8 +49,10 @@ pub type ErrorHandler = Arc<dyn Fn(&ErrorEvent) + Send + Sync>;
 
 /// An open NIC.
 pub struct Nic {
-    /// This NIC's handle.
+    /// This NIC's handle, in `provider`'s table.
     pub handle: Handle,
+    /// The provider instance whose tables hold this NIC and its objects.
+    pub provider: Arc<Provider>,
     /// The device, as the host agent resolved it.
     pub device: viad_client::client::DeviceInfo,
     /// The host agent's session, held while the NIC is open (none in the
@@ -140,12 +142,13 @@ impl Nic {
                 ViaError::Resource
             }
         })?;
-        Nic::build(info, Some(session), counters, None, tuning().clone())
+        Nic::build(provider().clone(), info, Some(session), counters, None, tuning().clone())
     }
 
     /// A NIC on the device `info` with the agent's `session`; `port`, if
     /// given, is its network port from the start.
     fn build(
+        provider: Arc<Provider>,
         info: viad_client::client::DeviceInfo,
         session: Option<viad_client::client::Session>,
         counters: crate::counters::Counters,
@@ -165,11 +168,13 @@ impl Nic {
             tracing::warn!("cannot start the send engine: {e}");
             ViaError::Resource
         })?;
-        provider()
+        provider
+            .clone()
             .nics
             .insert(|handle| {
                 Arc::new(Nic {
                     handle,
+                    provider,
                     device: info,
                     _session: session,
                     registry,
@@ -207,6 +212,7 @@ impl Nic {
         wire: Arc<crate::transport::udp::sim_wire::SimWire>,
         large: bool,
         tuning: Tuning,
+        provider: Arc<Provider>,
     ) -> ViaResult<(Handle, Arc<Nic>)> {
         let addr = match crate::transport::udp::sim_wire::addr_of(wire.host).ip() {
             std::net::IpAddr::V4(ip) => ip.octets().to_vec(),
@@ -221,7 +227,7 @@ impl Nic {
         };
         let counters = crate::counters::Counters::new(&format!("sim{}", wire.host));
         let port = crate::transport::udp::NetPort::simulated(wire, info.mtu as usize, large, &counters);
-        let (handle, nic) = Nic::build(info, None, counters, Some(port), tuning)?;
+        let (handle, nic) = Nic::build(provider, info, None, counters, Some(port), tuning)?;
         // The simulator sweeps the doorbells where the helper thread would.
         if let Some(engine) = &nic.send_engine {
             engine.leave_progress();
@@ -327,7 +333,7 @@ impl Nic {
         }
         let id = self.next_ptag.fetch_add(1, Ordering::Relaxed);
         let nic = self.handle;
-        match provider().ptags.insert(|handle| Arc::new(Ptag { handle, nic, id, vi_users: AtomicUsize::new(0) })) {
+        match self.provider.ptags.insert(|handle| Arc::new(Ptag { handle, nic, id, vi_users: AtomicUsize::new(0) })) {
             Some((h, _)) => Ok(h),
             None => {
                 self.ptag_count.fetch_sub(1, Ordering::AcqRel);
@@ -342,14 +348,14 @@ impl Nic {
         if tag.vi_users.load(Ordering::Acquire) > 0 || self.registry.ptag_users(tag.id) > 0 {
             return Err(ViaError::InvalidState);
         }
-        provider().ptags.remove(handle);
+        self.provider.ptags.remove(handle);
         self.ptag_count.fetch_sub(1, Ordering::AcqRel);
         Ok(())
     }
 
     /// A protection tag of this NIC (`VIP_INVALID_PTAG` otherwise).
     pub fn ptag(&self, handle: Handle) -> ViaResult<Arc<Ptag>> {
-        match provider().ptags.get(handle) {
+        match self.provider.ptags.get(handle) {
             Some(t) if t.nic == self.handle => Ok(t),
             _ => Err(ViaError::InvalidPtag),
         }
@@ -357,7 +363,7 @@ impl Nic {
 
     /// The tag id behind a handle of this NIC's tags.
     pub fn ptag_of_id(&self, id: u32) -> Option<Handle> {
-        provider().ptags.all().into_iter().find(|(_, t)| t.nic == self.handle && t.id == id).map(|(h, _)| h)
+        self.provider.ptags.all().into_iter().find(|(_, t)| t.nic == self.handle && t.id == id).map(|(h, _)| h)
     }
 
     /// Installs (or with `None` removes) the asynchronous error handler.

@@ -125,7 +125,10 @@ impl Sim {
             .enumerate()
             .map(|(h, settings)| {
                 let wire = Arc::new(SimWire::new(h, hosts, frames));
-                let (handle, nic) = Nic::simulated(wire.clone(), large, settings).expect("a simulated NIC");
+                // Each host a provider instance of its own, with its own
+                // handle tables, as each host's process has.
+                let provider = Arc::new(crate::Provider::for_nics(1));
+                let (handle, nic) = Nic::simulated(wire.clone(), large, settings, provider).expect("a simulated NIC");
                 let port = nic.port().expect("its port");
                 Host { nic, handle, port, wire, dead: false }
             })
@@ -158,7 +161,7 @@ impl Sim {
     pub(crate) fn connect(&mut self, a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
         simulated::set(Some(self.net.now));
         let host_of =
-            |vi: &Vi| self.hosts.iter().position(|h| h.nic.handle == vi.nic.handle).expect("a VI of a simulated host");
+            |vi: &Vi| self.hosts.iter().position(|h| Arc::ptr_eq(&h.nic, &vi.nic)).expect("a VI of a simulated host");
         let (ha, hb) = (host_of(a), host_of(b));
         if ha == hb {
             let (ca, cb) = crate::connect::link_locally(a, b)?;
@@ -301,11 +304,11 @@ impl Sim {
 }
 
 impl Drop for Sim {
-    /// Closes every host's NIC, which destroys its VIs, CQs and tags, so
-    /// that the process's tables have room for the next simulation.
+    /// Closes every host's NIC, which destroys its VIs, CQs and tags and
+    /// lets its provider instance go.
     fn drop(&mut self) {
         for host in &self.hosts {
-            let _ = crate::close_nic(host.handle);
+            let _ = host.nic.provider.close_nic(host.handle);
         }
         simulated::set(None);
     }
@@ -374,7 +377,7 @@ mod tests {
 
     fn vi(nic: &Arc<Nic>, ptag: Handle, reliability: u16) -> Arc<Vi> {
         let attrs = ViAttrs { reliability, max_transfer: 65536, ptag, rdma_write: true, rdma_read: true };
-        Vi::get(Vi::create(nic, attrs, None, None).unwrap()).unwrap()
+        Vi::get_in(&nic.provider, Vi::create(nic, attrs, None, None).unwrap()).unwrap()
     }
 
     const LOSSY: Faults =

@@ -26,7 +26,7 @@ use crate::transport::Ending;
 use crate::tuning::{CqMode, Doorbell};
 use crate::vi_attrs::AttrCell;
 pub use crate::vi_attrs::ViAttrs;
-use crate::{progress, provider};
+use crate::{progress, provider, Provider};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -343,7 +343,7 @@ impl Vi {
     ) -> ViaResult<Handle> {
         let tag = check_attrs(nic, &attrs)?;
         for cq in send_cq.iter().chain(recv_cq.iter()) {
-            if cq.nic.handle != nic.handle {
+            if !Arc::ptr_eq(&cq.nic, nic) {
                 return Err(ViaError::InvalidParameter);
             }
         }
@@ -352,7 +352,7 @@ impl Vi {
             return Err(ViaError::Resource);
         }
         crate::queue_lock::prepare();
-        let inserted = provider().vis.insert(|handle| {
+        let inserted = nic.provider.vis.insert(|handle| {
             Arc::new(Vi {
                 handle,
                 nic: nic.clone(),
@@ -391,27 +391,42 @@ impl Vi {
         Ok(handle)
     }
 
-    /// Looks up a VI handle.
+    /// Looks up a VI handle of the process's provider.
     pub fn get(handle: Handle) -> ViaResult<Arc<Vi>> {
-        provider().vis.get(handle).ok_or(ViaError::InvalidParameter)
+        Vi::get_in(provider(), handle)
+    }
+
+    /// Looks up a VI handle of `provider`.
+    pub fn get_in(provider: &Provider, handle: Handle) -> ViaResult<Arc<Vi>> {
+        provider.vis.get(handle).ok_or(ViaError::InvalidParameter)
     }
 
     /// Runs `f` on the VI of `handle`, through the thread's cache
     /// ([`handles::Table::with`](crate::handles::Table::with)).
     pub fn with<R>(handle: Handle, f: impl FnOnce(&Arc<Vi>) -> ViaResult<R>) -> ViaResult<R> {
-        provider().vis.with(&VIS, handle, f).unwrap_or(Err(ViaError::InvalidParameter))
+        Vi::with_in(provider(), handle, f)
+    }
+
+    /// As [`Vi::with`], for a VI of `provider`.
+    pub fn with_in<R>(provider: &Provider, handle: Handle, f: impl FnOnce(&Arc<Vi>) -> ViaResult<R>) -> ViaResult<R> {
+        provider.vis.with(&VIS, handle, f).unwrap_or(Err(ViaError::InvalidParameter))
     }
 
     /// Destroys an idle VI.
     pub fn destroy(handle: Handle) -> ViaResult<()> {
-        let vi = Vi::get(handle)?;
+        Vi::destroy_in(provider(), handle)
+    }
+
+    /// Destroys an idle VI of `provider`.
+    pub fn destroy_in(provider: &Provider, handle: Handle) -> ViaResult<()> {
+        let vi = Vi::get_in(provider, handle)?;
         {
             let _r = vi.recv.lock();
             let _s = vi.send.lock();
             if vi.state() != ViState::Idle {
                 return Err(ViaError::InvalidState);
             }
-            provider().vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
+            provider.vis.remove(handle).ok_or(ViaError::InvalidParameter)?;
         }
         vi.destroyed.store(true, Ordering::Release);
         if let Some(engine) = &vi.nic.send_engine {
@@ -1082,7 +1097,7 @@ fn ring_progress(nic: &Nic) {
     }
     let vis: Vec<_> = nic.shm_conns.lock().iter().map(|(vi, _)| *vi).collect();
     for vi in vis {
-        if let Ok(vi) = Vi::get(vi) {
+        if let Ok(vi) = Vi::get_in(&nic.provider, vi) {
             if vi.ring_work.load(Ordering::Acquire) != 0 {
                 vi.ring_progress();
             }

@@ -193,9 +193,11 @@ impl<'p> World<'p> {
             let nic = sim.nic(h).clone();
             let ptag = nic.create_ptag().map_err(|e| format!("host {h}: VipCreatePtag: {e:?}"))?;
             let cq = match plan.shared_cq[h] {
-                true => {
-                    Some(Cq::create(&nic, 256).and_then(Cq::get).map_err(|e| format!("host {h}: VipCreateCQ: {e:?}"))?)
-                }
+                true => Some(
+                    Cq::create(&nic, 256)
+                        .and_then(|h| Cq::get_in(&nic.provider, h))
+                        .map_err(|e| format!("host {h}: VipCreateCQ: {e:?}"))?,
+                ),
                 false => None,
             };
             let reports = Arc::new(Mutex::new(Vec::new()));
@@ -229,7 +231,7 @@ impl<'p> World<'p> {
                     rdma_read: plan.rdma_read,
                 };
                 let vi = Vi::create(&host.nic, attrs, None, host.cq.clone())
-                    .and_then(Vi::get)
+                    .and_then(|h| Vi::get_in(&host.nic.provider, h))
                     .map_err(|e| format!("{what}: VipCreateVi: {e:?}"))?;
                 let tag = host.nic.ptag(host.ptag).map_err(|e| format!("{what}: its tag: {e:?}"))?.id;
                 let data =
@@ -1124,7 +1126,8 @@ impl<'p> World<'p> {
                 }
                 let name = self.end_name(p, s);
                 let e = &mut self.ends[p][s];
-                Vi::destroy(e.vi.handle).map_err(|err| format!("{name}: VipDestroyVi: {err:?}"))?;
+                Vi::destroy_in(&e.vi.nic.provider, e.vi.handle)
+                    .map_err(|err| format!("{name}: VipDestroyVi: {err:?}"))?;
                 e.data.deregister().map_err(|err| format!("{name}: data: {err}"))?;
                 e.descs.deregister().map_err(|err| format!("{name}: descriptors: {err}"))?;
                 e.closed.deregister().map_err(|err| format!("{name}: the closed region: {err}"))?;
@@ -1132,7 +1135,7 @@ impl<'p> World<'p> {
         }
         for (h, host) in self.hosts.iter().enumerate().filter(|(_, h)| !h.dead) {
             if let Some(cq) = &host.cq {
-                Cq::destroy(cq.handle).map_err(|e| format!("host {h}: VipDestroyCQ: {e:?}"))?;
+                Cq::destroy_in(&host.nic.provider, cq.handle).map_err(|e| format!("host {h}: VipDestroyCQ: {e:?}"))?;
             }
             host.nic.destroy_ptag(host.ptag).map_err(|e| format!("host {h}: VipDestroyPtag: {e:?}"))?;
         }

@@ -25,6 +25,9 @@ use via_shm::table::TableSegment;
 /// a millisecond for the largest message.
 pub(crate) const FENCE_LIMIT: Duration = Duration::from_secs(1);
 
+/// What a connection does when its peer went or broke it with a code.
+pub type LostFn = Box<dyn Fn(&Conn, u32) + Send + Sync>;
+
 /// An established (or being established) connection.
 pub struct Conn {
     /// The shared segment: rings and receive caches.
@@ -55,7 +58,7 @@ pub struct Conn {
     pub vi: Handle,
     /// Breaks the VI's connection with an error code, whoever notices
     /// that the peer went (the helper thread, a fence that waits in vain).
-    pub lost: fn(&Conn, u32),
+    pub lost: LostFn,
     /// Its token in the progress engine (0: not watched).
     pub token: std::sync::atomic::AtomicU64,
     /// The NIC's counters.
