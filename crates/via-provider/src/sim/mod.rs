@@ -1,5 +1,6 @@
 //! The whole-provider simulator (tests only): several hosts in one
-//! process, each an open NIC of this provider with its own network port,
+//! process, each a provider instance with one open NIC, its own settings
+//! and network port,
 //! joined by `via_reliable::netsim`'s simulated network and fault
 //! injector, on a virtual clock, in one thread.  Two VIs of one host
 //! connect over shared memory, some of them through the ring, from the
