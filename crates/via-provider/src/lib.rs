@@ -97,32 +97,31 @@ impl Provider {
     pub fn close_nic(&self, handle: handles::Handle) -> ViaResult<()> {
         let nic = self.nics.get(handle).ok_or(ViaError::InvalidParameter)?;
         nic.shut();
-        let p = self;
-        for (h, vi) in p.vis.all() {
+        for (h, vi) in self.vis.all() {
             if vi.nic.handle == handle {
                 let _ = vi.disconnect();
-                p.vis.remove(h);
+                self.vis.remove(h);
                 // A thread that kept it as its last VI must not use it.
                 vi.destroyed.store(true, Ordering::Release);
             }
         }
-        for (h, c) in p.conns.all() {
+        for (h, c) in self.conns.all() {
             if c.nic.handle == handle {
-                p.conns.remove(h);
+                self.conns.remove(h);
             }
         }
-        for (h, cq) in p.cqs.all() {
+        for (h, cq) in self.cqs.all() {
             if cq.nic.handle == handle {
-                p.cqs.remove(h);
+                self.cqs.remove(h);
                 cq.destroyed.store(true, Ordering::Release);
             }
         }
-        for (h, t) in p.ptags.all() {
+        for (h, t) in self.ptags.all() {
             if t.nic == handle {
-                p.ptags.remove(h);
+                self.ptags.remove(h);
             }
         }
-        p.nics.remove(handle);
+        self.nics.remove(handle);
         Ok(())
     }
 }
