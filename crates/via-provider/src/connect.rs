@@ -537,12 +537,10 @@ fn finish(vi: &Arc<Vi>, linked: Linked) -> Endpoint {
     linked.peer
 }
 
-/// Connects `a` and `b`, VIs of this process on NICs of different hosts,
-/// as the host agents' rendezvous would: each side's endpoint, encoded as
-/// it travels in a connection request, reaches the other.  The
-/// whole-provider simulator's connection manager.
+/// Begins connecting `a` and `b` to each other (the simulator's
+/// connections): their reliability levels must match.
 #[cfg(test)]
-pub(crate) fn link_directly(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
+fn begin_pair(a: &Vi, b: &Vi) -> ViaResult<()> {
     if a.attrs().reliability != b.attrs().reliability {
         return Err(ViaError::InvalidReliabilityLevel);
     }
@@ -551,6 +549,16 @@ pub(crate) fn link_directly(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
         abort(a);
         return Err(e);
     }
+    Ok(())
+}
+
+/// Connects `a` and `b`, VIs of this process on NICs of different hosts,
+/// as the host agents' rendezvous would: each side's endpoint, encoded as
+/// it travels in a connection request, reaches the other.  The
+/// whole-provider simulator's connection manager.
+#[cfg(test)]
+pub(crate) fn link_directly(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
+    begin_pair(a, b)?;
     let identities =
         net_identity(a, &b.nic.device.host_addr).and_then(|x| Ok((x, net_identity(b, &a.nic.device.host_addr)?)));
     let ((port_a, key_a, info_a), (port_b, key_b, info_b)) = match identities {
@@ -574,14 +582,7 @@ pub(crate) fn link_directly(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
 /// registry table.  The whole-provider simulator's local connections.
 #[cfg(test)]
 pub(crate) fn link_locally(a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<(Arc<Conn>, Arc<Conn>)> {
-    if a.attrs().reliability != b.attrs().reliability {
-        return Err(ViaError::InvalidReliabilityLevel);
-    }
-    begin(a)?;
-    if let Err(e) = begin(b) {
-        abort(a);
-        return Err(e);
-    }
+    begin_pair(a, b)?;
     let conns = local_pair(a, b).map_err(|e| {
         tracing::warn!("cannot make a local connection: {e}");
         abort(a);
