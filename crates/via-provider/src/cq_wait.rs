@@ -28,7 +28,7 @@ impl Cq {
             CqMode::Entries => self.pop_entry(),
             CqMode::Scan => self.scan(),
         };
-        let found = done_first(self.nic.has_port(), || self.nic.poll_net(), find);
+        let found = done_first(|| self.nic.poll_net(), find);
         timer.stop(&self.nic.counters, Counter::CqDoneNs, Some(Counter::CqDoneCalls));
         poll_answer(found)
     }

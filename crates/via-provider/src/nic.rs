@@ -274,11 +274,6 @@ impl Nic {
         self.set_error_handler(None);
     }
 
-    /// Whether the network port has been opened.
-    pub(crate) fn has_port(&self) -> bool {
-        self.net_port.get().is_some()
-    }
-
     /// The network port, opened on first use.
     pub fn port(&self) -> ViaResult<Arc<crate::transport::udp::NetPort>> {
         if let Some(p) = self.net_port.get() {
@@ -288,10 +283,15 @@ impl Nic {
         Ok(self.net_port.get_or_init(|| port).clone())
     }
 
-    /// The application polls: drains the network port, if one is open.
-    pub fn poll_net(&self) {
-        if let Some(p) = self.net_port.get() {
-            p.poll_for_app();
+    /// The application polls: drains the network port, if one is open
+    /// (then true).
+    pub fn poll_net(&self) -> bool {
+        match self.net_port.get() {
+            Some(p) => {
+                p.poll_for_app();
+                true
+            }
+            None => false,
         }
     }
 

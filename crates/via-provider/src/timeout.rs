@@ -229,18 +229,13 @@ pub fn idle_poll() {
 }
 
 /// What `take` finds (a completion); if nothing, what it finds after
-/// `read_network` when `network` (the NIC has a port): a completion already
-/// there costs no system call.
-pub(crate) fn done_first<T>(
-    network: bool,
-    read_network: impl FnOnce(),
-    mut take: impl FnMut() -> Option<T>,
-) -> Option<T> {
+/// `progress` if that may have completed something (it read the network):
+/// a completion already there costs no system call.
+pub(crate) fn done_first<T>(progress: impl FnOnce() -> bool, mut take: impl FnMut() -> Option<T>) -> Option<T> {
     let got = take();
-    if got.is_some() || !network {
+    if got.is_some() || !progress() {
         return got;
     }
-    read_network();
     take()
 }
 

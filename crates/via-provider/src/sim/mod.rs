@@ -325,7 +325,7 @@ fn random_net(r: &mut SimRng) -> NetConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vi::{ViAttrs, ViState};
+    use crate::vi::{LinkKind, ViAttrs, ViState};
     use via_core::consts::*;
     use via_core::descriptor::DescPtr;
     use via_core::error::ViaError;
@@ -414,6 +414,7 @@ mod tests {
     /// host 0 sent again.
     fn one_message(seed: u64) -> (NetStats, Duration, u64) {
         let Pair { mut sim, na, a, b, ma, mb } = pair(seed, LOSSY);
+        assert_eq!((a.link_kind(), b.link_kind()), (LinkKind::Net, LinkKind::Net));
         let sent: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + seed as u32) as u8).collect();
         // SAFETY: within `ma`.
         unsafe { std::ptr::copy_nonoverlapping(sent.as_ptr(), ma.at(4096) as *mut u8, sent.len()) };
@@ -523,8 +524,10 @@ mod tests {
             let m = Memory::new(&nic, nic.ptag(tag).unwrap().id, 1 << 16);
             // A receive posted before the connection is published with it.
             b.post_recv(m.descriptor(0, 32768, 30_000), m.mem).unwrap();
+            assert_eq!(a.link_kind(), LinkKind::Unlinked);
             sim.connect(&a, &b).unwrap();
             assert!(matches!(a.send.lock().link, Some(crate::vi::Link::Shm(_))), "seed {seed}");
+            assert_eq!((a.link_kind(), b.link_kind()), (LinkKind::Shm, LinkKind::Shm));
             let sent: Vec<u8> = (0..20_000u32).map(|i| (i * 13 + seed as u32) as u8).collect();
             // SAFETY: within `m`.
             unsafe { std::ptr::copy_nonoverlapping(sent.as_ptr(), m.at(4096) as *mut u8, sent.len()) };
@@ -539,6 +542,8 @@ mod tests {
             a.disconnect().unwrap();
             let heard = run_until(&mut sim, Duration::from_secs(1), || b.state() == ViState::Error);
             assert!(heard, "seed {seed}: b is {:?}", b.state());
+            // Ended on both sides, the polls and waits have no transport to ask.
+            assert_eq!((a.link_kind(), b.link_kind()), (LinkKind::Unlinked, LinkKind::Unlinked));
         }
     }
 

@@ -3,15 +3,16 @@
 //!
 //! Each transport implements `Transport` in its own directory, in its
 //! `path.rs`.  `transports!` below is the one list of them: it makes the
-//! `Link` enum, one variant a transport, and the `match` that dispatches
-//! each operation, so the data path makes no dynamic call.  Adding a
-//! transport adds one line to that list.
+//! `Link` enum, one variant a transport, its `LinkKind`, and the `match`
+//! that dispatches each operation, so the data path makes no dynamic call.
+//! Adding a transport adds one line to that list.
 
 use crate::endpoint::Endpoint;
 use crate::queue_lock::QueueGuard;
 use crate::transport::{shm, udp, Ending};
 use crate::vi::{SendQueue, Vi, ViAttrs};
 use std::sync::Arc;
+use std::time::Duration;
 use via_core::descriptor::{DescPtr, Rules};
 
 /// What a VI asks of the transport its connection uses.
@@ -33,6 +34,24 @@ pub(crate) trait Transport: Sized {
     /// stops serving it.  Once this returns, nothing of the connection
     /// lands in this process's buffers.
     fn end(&self, how: Ending);
+
+    /// Moves `vi`'s work on without its queues' locks, where a poll found
+    /// nothing complete: true if that may have completed something, so
+    /// that the poll looks again.  (What is moved under the receive
+    /// queue's lock, the poll moves as it looks: `Vi::drain`.)
+    fn progress(vi: &Vi) -> bool;
+
+    /// Sleeps until this transport may have moved `vi`'s `queue` on, or
+    /// `nap` passes.  `word` is the VI's wake word as read before the poll
+    /// that found nothing (`Vi::sleep_on_word`).
+    fn sleep(vi: &Vi, queue: WorkQueue, word: u32, nap: Duration);
+}
+
+/// A VI's two work queues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WorkQueue {
+    Send,
+    Recv,
 }
 
 /// Makes `Link` from the list of transports: a variant for each, and its
@@ -46,7 +65,51 @@ macro_rules! transports {
             $($(#[$doc])* $variant(Arc<$transport>),)+
         }
 
+        /// Which transport a VI's link is, readable without the send
+        /// queue's lock: the VI keeps it beside the link (`Vi::attach_link`)
+        /// for its polls and waits, which dispatch on it.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u8)]
+        pub(crate) enum LinkKind {
+            /// Not connected (or not yet): nothing to move on.
+            Unlinked = 0,
+            $($variant,)+
+        }
+
+        impl LinkKind {
+            /// The kind stored as `kind as u8`.
+            pub(crate) fn from_u8(v: u8) -> LinkKind {
+                $(if v == LinkKind::$variant as u8 {
+                    return LinkKind::$variant;
+                })+
+                LinkKind::Unlinked
+            }
+
+            /// `Transport::progress`; nothing without a link.
+            pub(crate) fn progress(self, vi: &Vi) -> bool {
+                match self {
+                    $(LinkKind::$variant => <$transport>::progress(vi),)+
+                    LinkKind::Unlinked => false,
+                }
+            }
+
+            /// `Transport::sleep`; without a link, until the VI is woken.
+            pub(crate) fn sleep(self, vi: &Vi, queue: WorkQueue, word: u32, nap: Duration) {
+                match self {
+                    $(LinkKind::$variant => <$transport>::sleep(vi, queue, word, nap),)+
+                    LinkKind::Unlinked => vi.sleep_on_word(word, nap),
+                }
+            }
+        }
+
         impl Link {
+            /// Its kind.
+            pub(crate) fn kind(&self) -> LinkKind {
+                match self {
+                    $(Link::$variant(_) => LinkKind::$variant,)+
+                }
+            }
+
             /// `Transport::complete`.
             pub(crate) fn complete(self, vi: &Arc<Vi>) {
                 match self {
@@ -90,4 +153,17 @@ transports! {
 pub(crate) struct Linked {
     pub link: Link,
     pub peer: Endpoint,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LinkKind;
+
+    #[test]
+    fn every_link_kind_reads_back_as_itself() {
+        for kind in [LinkKind::Unlinked, LinkKind::Shm, LinkKind::Net] {
+            assert_eq!(LinkKind::from_u8(kind as u8), kind);
+        }
+        assert_eq!(LinkKind::from_u8(u8::MAX), LinkKind::Unlinked);
+    }
 }

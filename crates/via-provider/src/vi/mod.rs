@@ -7,7 +7,7 @@
 
 mod link;
 
-pub(crate) use link::{Link, Linked, Transport};
+pub(crate) use link::{Link, LinkKind, Linked, Transport, WorkQueue};
 
 use crate::transport::shm::conn::publish;
 use crate::transport::shm::ring_read;
@@ -29,7 +29,7 @@ pub use crate::vi_attrs::ViAttrs;
 use crate::{progress, provider, Provider};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use via_core::consts::*;
@@ -287,9 +287,10 @@ pub struct Vi {
     state: AtomicU8,
     pub(crate) recv: QueueMutex<RecvQueue>,
     pub(crate) send: QueueMutex<SendQueue>,
-    /// Whether the send queue's link is a network link: what every poll
-    /// asks, without the queue's lock (`Vi::attach_link`).
-    pub(crate) networked: AtomicBool,
+    /// The kind of the send queue's link (`LinkKind as u8`), which the
+    /// polls and waits dispatch on without the queue's lock
+    /// (`Vi::attach_link`).
+    link_kind: AtomicU8,
     /// Shared memory: the ring slot of the next message (`Ring::next_slot`),
     /// for a CQ poll that names this VI to prefetch before `VipRecvDone`
     /// reads it.  A hint only: a prefetch never faults, whatever is mapped.
@@ -363,7 +364,7 @@ impl Vi {
                 state: AtomicU8::new(ViState::Idle as u8),
                 recv: QueueMutex::new(RecvQueue { tally: nic.counters.row(), ..Default::default() }),
                 send: QueueMutex::new(SendQueue { tally: nic.counters.row(), ..Default::default() }),
-                networked: AtomicBool::new(false),
+                link_kind: AtomicU8::new(LinkKind::Unlinked as u8),
                 rx_slot: AtomicUsize::new(0),
                 lane: AtomicU64::new(0),
                 wake_word: AtomicU32::new(0),
@@ -668,18 +669,23 @@ impl Vi {
     }
 
     /// Records the transport of a connection that completes (both queue
-    /// locks held): the send queue holds it, and the polls read whether it
-    /// is a network link without the lock.  (The port's receive path
-    /// reaches the link through its route, `NetLink::route_to`.)
+    /// locks held): the send queue holds it, and the polls and waits read
+    /// its kind without the lock.  (The port's receive path reaches the
+    /// link through its route, `NetLink::route_to`.)
     pub(crate) fn attach_link(&self, s: &mut SendQueue, link: Link) {
-        self.networked.store(matches!(link, Link::Net(_)), Ordering::Release);
+        self.link_kind.store(link.kind() as u8, Ordering::Release);
         s.link = Some(link);
     }
 
     /// Forgets the transport of a connection that ends (both queue locks held).
     fn detach_link(&self, s: &mut SendQueue) -> Option<Link> {
-        self.networked.store(false, Ordering::Release);
+        self.link_kind.store(LinkKind::Unlinked as u8, Ordering::Release);
         s.link.take()
+    }
+
+    /// The kind of the VI's link, without the send queue's lock.
+    pub(crate) fn link_kind(&self) -> LinkKind {
+        LinkKind::from_u8(self.link_kind.load(Ordering::Acquire))
     }
 
     /// Completes every pending send with DESC_FLUSHED_ERROR.
@@ -821,7 +827,8 @@ impl Vi {
     /// `VipRecvDone`.
     pub fn recv_done(&self) -> ViaResult<DescPtr> {
         progress_nic(&self.nic);
-        poll_answer(done_first(self.nic.has_port(), || self.poll_net(), || self.take_received()))
+        let kind = self.link_kind();
+        poll_answer(done_first(|| kind.progress(self), || self.take_received()))
     }
 
     /// The first completed receive, after moving in what the shared-memory
@@ -883,18 +890,7 @@ impl Vi {
             if crate::clock::simulated_sleep(nap) {
                 continue;
             }
-            let seg = self.recv.lock().seg.clone();
-            match seg {
-                Some(seg) => seg.rx().wait(Some(nap)),
-                None => {
-                    // Not shared memory: the network port's packets end this wait.
-                    self.sleepers.fetch_add(1, Ordering::SeqCst);
-                    let port = self.nic.sleep_on_port();
-                    futex::futex_wait(&self.wake_word, word, Some(nap));
-                    drop(port);
-                    self.sleepers.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
+            self.link_kind().sleep(self, WorkQueue::Recv, word, nap);
         }
     }
 
@@ -983,7 +979,8 @@ impl Vi {
     /// `VipSendDone`.
     pub fn send_done(&self) -> ViaResult<DescPtr> {
         progress_nic(&self.nic);
-        poll_answer(done_first(self.nic.has_port(), || self.poll_net(), || self.take_sent()))
+        let kind = self.link_kind();
+        poll_answer(done_first(|| kind.progress(self), || self.take_sent()))
     }
 
     /// The first completed send.
@@ -1007,18 +1004,6 @@ impl Vi {
         Some(q.items.pop_front().expect("done prefix").desc)
     }
 
-    /// Drains the network port of this VI, if it has one.
-    pub(crate) fn poll_net(&self) {
-        if !self.nic.has_port() {
-            return; // no network VI on this NIC: nothing to lock
-        }
-        // A networked VI's link is on its NIC's one port: poll that,
-        // without taking a reference to the link on every empty poll.
-        if self.networked.load(Ordering::Acquire) {
-            self.nic.poll_net();
-        }
-    }
-
     /// `VipSendWait`.
     pub fn send_wait(&self, timeout_ms: u64) -> ViaResult<DescPtr> {
         let deadline = Deadline::after_ms(timeout_ms);
@@ -1037,26 +1022,24 @@ impl Vi {
             if crate::clock::simulated_sleep(nap) {
                 continue;
             }
-            if let Some(seg) = self.ring_wait_segment() {
-                // A read through the ring: its answer comes in the ring.
-                seg.rx().wait(Some(nap));
-                continue;
-            }
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            let port = self.nic.sleep_on_port();
-            futex::futex_wait(&self.wake_word, word, Some(nap));
-            drop(port);
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            self.link_kind().sleep(self, WorkQueue::Send, word, nap);
         }
     }
 
-    /// Waits until the state changes or the deadline passes (peer connections).
+    /// Waits until the state changes or the deadline passes (peer
+    /// connections): the network port, where the connection's answer may
+    /// come, is read meanwhile.
     pub(crate) fn wait_change(&self, deadline: &Deadline) {
         let word = self.wake_word.load(Ordering::Acquire);
+        let _port = self.nic.sleep_on_port();
+        self.sleep_on_word(word, deadline.next_sleep(Duration::from_millis(50)));
+    }
+
+    /// Sleeps until the VI is woken (`bump`) after its wake word read
+    /// `word`, or `nap` passes.
+    pub(crate) fn sleep_on_word(&self, word: u32, nap: Duration) {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let port = self.nic.sleep_on_port();
-        futex::futex_wait(&self.wake_word, word, Some(deadline.next_sleep(Duration::from_millis(50))));
-        drop(port);
+        futex::futex_wait(&self.wake_word, word, Some(nap));
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -13,7 +13,7 @@ use crate::queue_lock::QueueGuard;
 use crate::transport::shm::Conn;
 use crate::transport::Ending;
 use crate::vi::{
-    reliable, Break, Drain, Link, Pieces, RecvQueue, RingWrite, SendQueue, Transport, Vi, ViAttrs, ViState,
+    reliable, Break, Drain, Link, Pieces, RecvQueue, RingWrite, SendQueue, Transport, Vi, ViAttrs, ViState, WorkQueue,
 };
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
@@ -75,6 +75,26 @@ impl Transport for Conn {
         }
         self.unwatch();
         self.close_fenced();
+    }
+
+    /// Nothing to move without the locks: a poll drains the ring under
+    /// the receive queue's (`drain_ring`), where sends complete at once.
+    fn progress(_vi: &Vi) -> bool {
+        false
+    }
+
+    /// The ring's producer wakes the wait: for the receive queue, a
+    /// message; for the send queue, the answer of an RDMA read through
+    /// the ring (`ring_read`), if one is in flight.
+    fn sleep(vi: &Vi, queue: WorkQueue, word: u32, nap: Duration) {
+        let seg = match queue {
+            WorkQueue::Recv => vi.recv.lock().seg.clone(),
+            WorkQueue::Send => vi.ring_wait_segment(),
+        };
+        match seg {
+            Some(seg) => seg.rx().wait(Some(nap)),
+            None => vi.sleep_on_word(word, nap),
+        }
     }
 }
 

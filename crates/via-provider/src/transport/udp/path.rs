@@ -8,8 +8,10 @@ use crate::transport::udp::{scatter, Gather, NetEvent, NetEvents, NetLink, NetRe
 use crate::transport::Ending;
 use crate::vi::{
     reliable, Break, Inbound, InboundWrite, Link, RecvQueue, SendItem, SendQueue, Transport, Vi, ViAttrs, ViState,
+    WorkQueue,
 };
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 use via_core::consts::error_code;
 use via_core::consts::*;
 use via_core::descriptor::{validate, DescPtr, LocalSeg, Op, Rules, Segs};
@@ -17,7 +19,7 @@ use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_reliable::{BreakReason, MsgKind, OutMessage, Segment, SendError};
 
 /// How long an unreliable RDMA write waits for its answer once sent.
-const UNANSWERED_WRITE: std::time::Duration = std::time::Duration::from_millis(100);
+const UNANSWERED_WRITE: Duration = Duration::from_millis(100);
 
 /// The payload of an answer: buffers to read when packets go out, or
 /// bytes read once and kept with the message.
@@ -195,6 +197,20 @@ impl Transport for NetLink {
             Ending::Disconnect => self.disconnect(),
             Ending::Break(theirs) => self.close(theirs),
         }
+    }
+
+    /// Reads the NIC's one port, which every network link is on: the
+    /// packets it finds land in their VIs (`NetReceiver`).  No reference
+    /// to the link is taken on an empty poll.
+    fn progress(vi: &Vi) -> bool {
+        vi.nic.poll_net()
+    }
+
+    /// The port's packets end the wait: the helper thread reads the port
+    /// meanwhile and wakes the VI a packet is for.
+    fn sleep(vi: &Vi, _queue: WorkQueue, word: u32, nap: Duration) {
+        let _port = vi.nic.sleep_on_port();
+        vi.sleep_on_word(word, nap);
     }
 }
 
