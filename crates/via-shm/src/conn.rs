@@ -26,8 +26,10 @@ use crate::layout::HOT;
 use crate::layout::{align_up, at, CacheLine};
 use crate::recv::CACHE_BYTES;
 #[cfg(test)]
-use crate::recv::ENTRY_BYTES;
+use crate::recv::HEAD_BYTES as ENTRY_HEAD_BYTES;
 pub use crate::recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
+#[cfg(test)]
+use crate::ring::HEAD_BYTES;
 use crate::ring::RING_BYTES;
 pub use crate::ring::{
     Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM, SLOT_SEND,
@@ -328,6 +330,52 @@ mod tests {
     }
 
     #[test]
+    fn payloads_split_between_a_slots_head_and_body_at_any_point() {
+        let (a, b) = pair();
+        let data = pattern(3, 64);
+        // Pieces that end before, at and after the head's 16 payload bytes.
+        for cut in 0..=40 {
+            let (x, y) = data.split_at(cut);
+            a.tx().push(&hdr(SLOT_SEND, cut as u64), &[x, &[], y]).unwrap();
+            let (mut p, mut q) = (vec![0u8; 40 - cut], vec![0u8; 24 + cut]);
+            b.rx().peek().unwrap().unwrap();
+            assert_eq!(b.rx().read_payload(&mut [&mut p, &mut [], &mut q]), 64);
+            assert_eq!([p, q].concat(), data, "cut at {cut}");
+            b.rx().pop();
+        }
+    }
+
+    #[test]
+    fn small_messages_and_receives_touch_only_heads() {
+        let (a, b) = pair();
+        // A's ring to B is the first after the segment's header, B's
+        // receive cache after it; the bodies of each follow its control
+        // block and the heads of every slot or entry.
+        let slot_bodies = HEADER_BYTES + 320 + (HOT + RING_SLOTS) * HEAD_BYTES;
+        let entry_bodies = HEADER_BYTES + RING_BYTES + 128 + (HOT + RECV_ENTRIES) * ENTRY_HEAD_BYTES;
+        let written = |from: usize, to: usize| {
+            (from..to).step_by(8).filter(|&at| word::<AtomicU64>(&b, at).load(Acquire) != 0).count()
+        };
+        let slot_body_words = || written(slot_bodies, HEADER_BYTES + RING_BYTES);
+        let entry_body_words = || written(entry_bodies, HEADER_BYTES + RING_BYTES + CACHE_BYTES);
+        let segs = |n: u64| (1..=n).map(|i| RecvSeg { addr: i, len: 1, handle: 1 }).collect::<Vec<_>>();
+        for i in 0..3 * RING_SLOTS as u64 {
+            b.my_recvs().publish(segs(3)).unwrap();
+            assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs(), segs(3));
+            a.tx().push(&hdr(SLOT_SEND, i), &[&pattern(i, 16)]).unwrap();
+            assert_eq!(recv(b.rx()).1, pattern(i, 16));
+        }
+        assert_eq!(slot_body_words(), 0, "a message of 16 bytes wrote a slot's body");
+        assert_eq!(entry_body_words(), 0, "a receive of 3 segments wrote an entry's body");
+        a.tx().push(&hdr(SLOT_SEND, 0), &[&[0xff; 17]]).unwrap();
+        assert_eq!(recv(b.rx()).1, [0xff; 17]);
+        assert_eq!(slot_body_words(), 1, "the 17th byte is in the body");
+        b.my_recvs().publish(segs(4)).unwrap();
+        assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs(), segs(4));
+        assert_eq!(entry_body_words(), 2, "the 4th segment is in the body");
+    }
+
+    #[test]
     fn full_at_ring_slots_and_wraps_over_many_laps() {
         let (a, b) = pair();
         let push = |i: u64| a.tx().push(&hdr(SLOT_SEND, i), &[&i.to_le_bytes()]);
@@ -410,11 +458,11 @@ mod tests {
                 assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs()[0].addr, i);
             }
         }
-        let ring_lap = HEADER_BYTES + 320 + HOT * SLOT_BYTES;
-        let cache_lap = HEADER_BYTES + DIR_BYTES + RING_BYTES + 128 + HOT * ENTRY_BYTES;
+        let ring_lap = HEADER_BYTES + 320 + HOT * HEAD_BYTES;
+        let cache_lap = HEADER_BYTES + DIR_BYTES + RING_BYTES + 128 + HOT * ENTRY_HEAD_BYTES;
         for i in 0..RING_SLOTS {
-            assert_eq!(word::<AtomicU64>(&a, ring_lap + i * SLOT_BYTES + 40).load(Acquire), 0);
-            assert_eq!(word::<AtomicU64>(&a, cache_lap + i * ENTRY_BYTES).load(Acquire), 0);
+            assert_eq!(word::<AtomicU64>(&a, ring_lap + i * HEAD_BYTES + 40).load(Acquire), 0);
+            assert_eq!(word::<AtomicU64>(&a, cache_lap + i * ENTRY_HEAD_BYTES).load(Acquire), 0);
         }
         // A consumer further behind finds the rest in the lap.
         for i in 0..HOT as u64 + 5 {

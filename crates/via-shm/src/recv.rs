@@ -11,6 +11,10 @@
 //!
 //! Entries are placed as a ring's messages are ([`Place`]): in a few hot
 //! entries while the sender keeps up, else in the lap of `RECV_ENTRIES`.
+//! Like a ring's slots, an entry is a *head* of one cache line (its stamp,
+//! its count and its first `HEAD_SEGS` segments), with the heads together,
+//! and a *body* with the rest of its segments: a connection whose receives
+//! have a segment or three touches half a page of hot heads.
 
 use std::mem::size_of;
 use std::ptr::{self, addr_of, addr_of_mut, NonNull};
@@ -71,21 +75,35 @@ struct RawSeg {
     handle: u32,
 }
 
+/// Segments in an entry's head.
+const HEAD_SEGS: usize = 3;
+
+/// An entry's head: one cache line.
 #[repr(C)]
-struct RawEntry {
+struct RawHead {
     /// The entry's sequence number + 1, so that no zeroed entry is one.
     stamp: u64,
     nsegs: u32,
     _pad: u32,
-    segs: [RawSeg; MAX_SEGS],
+    segs: [RawSeg; HEAD_SEGS],
 }
 
+/// An entry's body: the segments after its head's.
+type RawBody = [RawSeg; MAX_SEGS - HEAD_SEGS];
+
 const CTL_BYTES: usize = size_of::<CacheCtl>();
-pub(crate) const ENTRY_BYTES: usize = align_up(size_of::<RawEntry>(), 64);
-/// Bytes of one cache in a segment: the control block, the hot entries, the lap.
-pub(crate) const CACHE_BYTES: usize = CTL_BYTES + (HOT + RECV_ENTRIES) * ENTRY_BYTES;
+pub(crate) const HEAD_BYTES: usize = size_of::<RawHead>();
+const BODY_BYTES: usize = align_up(size_of::<RawBody>(), 64);
+/// Entries of a cache: the hot ones, then the lap ([`Place::index`]).
+const ENTRIES: usize = HOT + RECV_ENTRIES;
+/// Where the bodies start: after the control block and every entry's head.
+const BODIES: usize = CTL_BYTES + ENTRIES * HEAD_BYTES;
+/// Bytes of one cache in a segment: the control block, the heads of the
+/// hot entries and of the lap, then their bodies in the same order.
+pub(crate) const CACHE_BYTES: usize = BODIES + ENTRIES * BODY_BYTES;
 
 const _: () = assert!(RECV_ENTRIES.is_power_of_two());
+const _: () = assert!(HEAD_BYTES == 64 && CTL_BYTES.is_multiple_of(64));
 
 /// One receive-queue cache.  The publisher serializes `publish`; the taker
 /// serializes `take`.
@@ -128,9 +146,26 @@ impl RecvCache {
         unsafe { at(self.base.as_ptr(), 0) }
     }
 
-    fn entry(&self, place: Place) -> *mut RawEntry {
-        // SAFETY: a place indexes the HOT + RECV_ENTRIES entries after the control block.
-        unsafe { self.base.as_ptr().add(CTL_BYTES + place.index() * ENTRY_BYTES).cast() }
+    /// The head of the entry at `index` ([`Place::index`]).
+    fn head(&self, index: usize) -> *mut RawHead {
+        // SAFETY: index < ENTRIES: a head after the control block.
+        unsafe { self.base.as_ptr().add(CTL_BYTES + index.min(ENTRIES - 1) * HEAD_BYTES).cast() }
+    }
+
+    /// Segment `i` (< `MAX_SEGS`) of the entry at `index`: in its head or
+    /// its body.
+    fn seg(&self, index: usize, i: usize) -> *mut RawSeg {
+        let head = self.head(index);
+        if i < HEAD_SEGS {
+            // SAFETY: `head` is a head inside the cache, `i` indexes its segments.
+            return unsafe { addr_of_mut!((*head).segs[i]) };
+        }
+        // SAFETY: index < ENTRIES: a body after the heads; i - HEAD_SEGS <
+        // MAX_SEGS - HEAD_SEGS indexes its segments.
+        unsafe {
+            let body: *mut RawBody = self.base.as_ptr().add(BODIES + index.min(ENTRIES - 1) * BODY_BYTES).cast();
+            addr_of_mut!((*body)[i - HEAD_SEGS])
+        }
     }
 
     /// Receiver side: publishes one posted receive; returns its sequence
@@ -148,13 +183,14 @@ impl RecvCache {
         let ctl = self.ctl();
         let seq = self.published.load(Relaxed);
         let place = self.consumed.place(seq, RECV_ENTRIES, || ctl.taken.load(Acquire), "receive cache taken")?;
-        let e = self.entry(place);
-        // SAFETY: `e` is an entry inside the cache; at most MAX_SEGS are written.
+        let index = place.index();
+        let e = self.head(index);
+        // SAFETY: `e` is a head inside the cache; at most MAX_SEGS are written.
         unsafe {
             addr_of_mut!((*e).stamp).write_volatile(seq.wrapping_add(1));
             let mut n = 0;
             for (i, s) in segs.take(MAX_SEGS).enumerate() {
-                let raw = addr_of_mut!((*e).segs[i]);
+                let raw = self.seg(index, i);
                 addr_of_mut!((*raw).addr).write_volatile(s.addr);
                 addr_of_mut!((*raw).len).write_volatile(s.len);
                 addr_of_mut!((*raw).handle).write_volatile(s.handle);
@@ -210,17 +246,18 @@ impl RecvCache {
             return Ok(None);
         };
         // SAFETY: entries inside the cache; `seq` is a plain integer.
-        let holds = |e: *mut RawEntry| unsafe { addr_of!((*e).stamp).read_volatile() } == seq.wrapping_add(1);
-        let [hot, lap] = Place::candidates(seq, RECV_ENTRIES).map(|place| self.entry(place));
-        let e = if holds(hot) {
+        let holds = |i: usize| unsafe { addr_of!((*self.head(i)).stamp).read_volatile() } == seq.wrapping_add(1);
+        let [hot, lap] = Place::candidates(seq, RECV_ENTRIES).map(Place::index);
+        let index = if holds(hot) {
             hot
         } else if holds(lap) {
             lap
         } else {
             return Err(ShmError::Corrupt("receive entry sequence"));
         };
+        let e = self.head(index);
         let mut out = RecvEntry { seq, segs: [RecvSeg::default(); MAX_SEGS], nsegs: 0, total: 0 };
-        // SAFETY: `e` is an entry inside the cache; fields are plain integers
+        // SAFETY: `e` is a head inside the cache; fields are plain integers
         // and the segment index is bounded by MAX_SEGS before use.
         unsafe {
             out.nsegs = addr_of!((*e).nsegs).read_volatile();
@@ -228,7 +265,7 @@ impl RecvCache {
                 return Err(ShmError::Corrupt("receive entry segment count"));
             }
             for i in 0..out.nsegs as usize {
-                let raw = ptr::read_volatile(addr_of!((*e).segs[i]));
+                let raw = ptr::read_volatile(self.seg(index, i));
                 out.segs[i] = RecvSeg { addr: raw.addr, len: raw.len, handle: raw.handle };
                 out.total =
                     out.total.checked_add(u64::from(raw.len)).ok_or(ShmError::Corrupt("receive entry length"))?;

@@ -12,7 +12,12 @@
 //!
 //! A message moves in one cache line when it is small: the consumer polls
 //! the *stamp* at the end of the hot slot's header (message number + 1,
-//! written last), and the first payload bytes share that line.  Neither
+//! written last), and the first payload bytes share that line, the slot's
+//! *head*.  The heads lie together, apart from the slots' *bodies* (the rest
+//! of their payload): the 32 hot heads of a direction fill half a page, so
+//! that a connection exchanging small messages touches one page of each
+//! ring, not the nine its hot slots would span whole, and a thousand such
+//! connections stay within the TLB's reach.  Neither
 //! side reads the other's counter on the way: the producer looks at `tail`
 //! only when the hot slots it knows to be free run out, and the consumer
 //! never reads `head`: when the hot slot has nothing, it looks at `lapped`,
@@ -30,8 +35,9 @@ use crate::ShmError;
 /// Messages a ring holds (the slots of its lap); at least the deepest
 /// receive queue (1024).
 pub const RING_SLOTS: usize = 1024;
-/// Bytes per slot: a 64-byte header and `INLINE_MAX` payload bytes.
-pub const SLOT_BYTES: usize = 1088;
+/// Bytes per slot: its head (a 48-byte header and 16 payload bytes) and
+/// its body (the rest of `INLINE_MAX` payload bytes, rounded up).
+pub const SLOT_BYTES: usize = HEAD_BYTES + BODY_BYTES;
 /// Largest payload carried inline in a slot.
 pub const INLINE_MAX: usize = 1024;
 /// Slot kind: a send, its payload inline or already written by CMA.
@@ -70,9 +76,13 @@ pub const SLOT_RDMA_READ_PIECE: u32 = 8;
 /// then the remote memory handle (`u32`), little-endian.
 pub const RDMA_TARGET_BYTES: usize = 12;
 
-/// The header, then the stamp (`u64`), then the payload.
+/// A slot's head: the header, then the stamp (`u64`), then the first
+/// `HEAD_PAYLOAD` bytes of the payload; its body holds the rest.
 const STAMP_OFFSET: usize = 40;
 const SLOT_HEADER_BYTES: usize = 48;
+pub(crate) const HEAD_BYTES: usize = 64;
+const HEAD_PAYLOAD: usize = HEAD_BYTES - SLOT_HEADER_BYTES;
+const BODY_BYTES: usize = 1024;
 /// `peeked` value when no slot has been peeked.
 const NOT_PEEKED: u32 = u32::MAX;
 
@@ -114,11 +124,17 @@ struct RingCtl {
 }
 
 const CTL_BYTES: usize = size_of::<RingCtl>();
-/// Bytes of one ring in a segment: the control block, the hot slots, the lap.
-pub(crate) const RING_BYTES: usize = CTL_BYTES + (HOT + RING_SLOTS) * SLOT_BYTES;
+/// Slots of a ring: the hot ones, then the lap ([`Place::index`]).
+const SLOTS: usize = HOT + RING_SLOTS;
+/// Where the bodies start: after the control block and every slot's head.
+const BODIES: usize = CTL_BYTES + SLOTS * HEAD_BYTES;
+/// Bytes of one ring in a segment: the control block, the heads of the hot
+/// slots and of the lap, then their bodies in the same order.
+pub(crate) const RING_BYTES: usize = BODIES + SLOTS * BODY_BYTES;
 
 const _: () = assert!(RING_SLOTS.is_power_of_two());
-const _: () = assert!(SLOT_BYTES.is_multiple_of(64) && SLOT_BYTES >= SLOT_HEADER_BYTES + INLINE_MAX);
+const _: () = assert!(BODIES.is_multiple_of(64) && BODY_BYTES.is_multiple_of(64));
+const _: () = assert!(HEAD_PAYLOAD + BODY_BYTES >= INLINE_MAX);
 const _: () = assert!(size_of::<SlotHeader>() <= STAMP_OFFSET && STAMP_OFFSET + 8 == SLOT_HEADER_BYTES);
 
 /// One direction of a connection.  Callers serialize the producer side
@@ -144,6 +160,54 @@ unsafe impl Send for Ring {}
 // SAFETY: as above.
 unsafe impl Sync for Ring {}
 
+/// A slot's payload, `HEAD_PAYLOAD` bytes in its head and the rest in its
+/// body, written or read in order.
+struct SlotPayload {
+    head: *mut u8,
+    body: *mut u8,
+    /// Payload bytes written or read so far.
+    at: usize,
+}
+
+impl SlotPayload {
+    fn new(head: *mut u8, body: *mut u8) -> SlotPayload {
+        SlotPayload { head, body, at: 0 }
+    }
+
+    /// Where the next `n` bytes go: the rest of the head, the body.
+    fn next(&mut self, n: usize) -> [(*mut u8, usize); 2] {
+        let in_head = n.min(HEAD_PAYLOAD.saturating_sub(self.at));
+        let in_head_from = SLOT_HEADER_BYTES + self.at.min(HEAD_PAYLOAD);
+        let in_body_from = (self.at + in_head).saturating_sub(HEAD_PAYLOAD);
+        self.at += n;
+        [(self.head.wrapping_add(in_head_from), in_head), (self.body.wrapping_add(in_body_from), n - in_head)]
+    }
+
+    /// Appends `src`.
+    ///
+    /// # Safety
+    /// The payload written so far and `src` are at most `INLINE_MAX` bytes.
+    unsafe fn write(&mut self, src: &[u8]) {
+        let mut from = src.as_ptr();
+        for (to, n) in self.next(src.len()) {
+            ptr::copy_nonoverlapping(from, to, n);
+            from = from.add(n);
+        }
+    }
+
+    /// Reads the next `dst.len()` bytes.
+    ///
+    /// # Safety
+    /// The payload read so far and `dst` are at most `INLINE_MAX` bytes.
+    unsafe fn read(&mut self, dst: &mut [u8]) {
+        let mut to = dst.as_mut_ptr();
+        for (from, n) in self.next(dst.len()) {
+            ptr::copy_nonoverlapping(from, to, n);
+            to = to.add(n);
+        }
+    }
+}
+
 impl Ring {
     /// # Safety
     /// `base` must point to `RING_BYTES` of a mapping, 64-byte aligned, that
@@ -165,14 +229,21 @@ impl Ring {
         unsafe { at(self.base.as_ptr(), 0) }
     }
 
-    fn slot(&self, place: Place) -> *mut u8 {
-        // SAFETY: a place indexes the HOT + RING_SLOTS slots after the control block.
-        unsafe { self.base.as_ptr().add(CTL_BYTES + place.index() * SLOT_BYTES) }
+    /// The head of the slot at `index` ([`Place::index`], clamped).
+    fn head_at(&self, index: usize) -> *mut u8 {
+        // SAFETY: index < SLOTS: a head after the control block.
+        unsafe { self.base.as_ptr().add(CTL_BYTES + index.min(SLOTS - 1) * HEAD_BYTES) }
+    }
+
+    /// The body of the slot at `index` ([`Place::index`], clamped).
+    fn body_at(&self, index: usize) -> *mut u8 {
+        // SAFETY: index < SLOTS: a body after the heads.
+        unsafe { self.base.as_ptr().add(BODIES + index.min(SLOTS - 1) * BODY_BYTES) }
     }
 
     fn stamp(&self, place: Place) -> &AtomicU64 {
-        // SAFETY: the stamp is an aligned u64 inside the slot.
-        unsafe { at(self.slot(place), STAMP_OFFSET) }
+        // SAFETY: the stamp is an aligned u64 inside the head.
+        unsafe { at(self.head_at(place.index()), STAMP_OFFSET) }
     }
 
     /// Consumer side: where message `tail` is, `None` if it has not come.
@@ -221,15 +292,15 @@ impl Ring {
         let ctl = self.ctl();
         let head = self.head.load(Relaxed);
         let place = self.consumed.place(head, RING_SLOTS, || ctl.tail.load(Acquire), "ring tail")?;
-        let slot = self.slot(place);
+        let slot_head = self.head_at(place.index());
         let hdr = SlotHeader { inline_len: total as u32, ..*hdr };
-        // SAFETY: the slot has room for the header and INLINE_MAX >= total bytes.
+        // SAFETY: the head has room for the header; head and body together
+        // for INLINE_MAX >= total payload bytes.
         unsafe {
-            ptr::write_volatile(slot.cast::<SlotHeader>(), hdr);
-            let mut dst = slot.add(SLOT_HEADER_BYTES);
+            ptr::write_volatile(slot_head.cast::<SlotHeader>(), hdr);
+            let mut to = SlotPayload::new(slot_head, self.body_at(place.index()));
             for p in payload {
-                ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
-                dst = dst.add(p.len());
+                to.write(p);
             }
         }
         let next = head.wrapping_add(1);
@@ -252,7 +323,7 @@ impl Ring {
     /// likely lands (its hot slot), to prefetch; nothing is read.
     pub fn next_slot(&self) -> *const u8 {
         let [hot, _] = Place::candidates(self.tail.load(Relaxed), RING_SLOTS);
-        self.slot(hot)
+        self.head_at(hot.index())
     }
 
     /// Consumer side: a validated copy of the next slot's header, without
@@ -263,7 +334,7 @@ impl Ring {
             return Ok(None);
         };
         // SAFETY: the slot is inside the ring; any bit pattern is a valid header.
-        let hdr = unsafe { ptr::read_volatile(self.slot(place).cast::<SlotHeader>()) };
+        let hdr = unsafe { ptr::read_volatile(self.head_at(place.index()).cast::<SlotHeader>()) };
         if hdr.inline_len as usize > INLINE_MAX {
             return Err(ShmError::Corrupt("slot inline length"));
         }
@@ -287,26 +358,17 @@ impl Ring {
         }
         // `len` was validated by peek; the shared copy may have changed since.
         let mut left = len as usize;
-        // SAFETY: the payload area of the slot holds INLINE_MAX >= left bytes.
-        let mut src = unsafe { self.peeked_slot().add(SLOT_HEADER_BYTES) };
+        let index = self.peeked_at.load(Relaxed) as usize;
+        let mut from = SlotPayload::new(self.head_at(index), self.body_at(index));
         let mut copied = 0;
         for d in dst {
             let n = d.len().min(left);
-            // SAFETY: n bytes remain in the payload area and fit in `d`.
-            unsafe {
-                ptr::copy_nonoverlapping(src, d.as_mut_ptr(), n);
-                src = src.add(n);
-            }
+            // SAFETY: head and body hold INLINE_MAX >= left >= n bytes of payload.
+            unsafe { from.read(&mut d[..n]) };
             left -= n;
             copied += n;
         }
         copied
-    }
-
-    fn peeked_slot(&self) -> *mut u8 {
-        let index = (self.peeked_at.load(Relaxed) as usize).min(HOT + RING_SLOTS - 1);
-        // SAFETY: index < HOT + RING_SLOTS: a slot after the control block.
-        unsafe { self.base.as_ptr().add(CTL_BYTES + index * SLOT_BYTES) }
     }
 
     /// Consumer side: consumes the slot returned by `peek` (no-op if none).
