@@ -56,11 +56,11 @@ pub struct Provider {
     /// Connection requests returned by `VipConnectWait` and not yet answered.
     pub conns: Table<connect::PendingConn>,
     /// The lanes connected peer processes gave this process to push into.
-    pub peer_lanes: connect::PeerMappings<via_shm::Inbox>,
+    pub peer_lanes: transport::shm::setup::PeerMappings<via_shm::Inbox>,
     /// The bells of connected peer processes.
-    pub peer_bells: connect::PeerMappings<via_shm::Bell>,
+    pub peer_bells: transport::shm::setup::PeerMappings<via_shm::Bell>,
     /// The registry tables of connected peer processes (read-only).
-    pub peer_tables: connect::PeerMappings<via_shm::TableSegment>,
+    pub peer_tables: transport::shm::setup::PeerMappings<via_shm::TableSegment>,
 }
 
 /// The process's provider, whose handles the C ABI hands out.

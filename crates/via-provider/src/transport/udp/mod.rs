@@ -29,6 +29,7 @@ pub(crate) mod neighbours;
 mod path;
 pub(crate) mod peer_socket;
 pub(crate) mod send;
+pub(crate) mod setup;
 #[cfg(test)]
 pub(crate) mod sim_wire;
 
