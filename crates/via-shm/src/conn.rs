@@ -36,8 +36,10 @@ pub use crate::ring::{
 };
 use crate::{SharedRegion, ShmError};
 
-/// Layout version stored in the header by the first side to attach.
-pub const CONN_VERSION: u32 = 2;
+/// Layout version stored in the header by the first side to attach; a
+/// new layout takes a new version, so that processes of two layouts (two
+/// builds of openvia) refuse each other's segment instead of misreading it.
+pub const CONN_VERSION: u32 = 3;
 
 const HEADER_BYTES: usize = 4096;
 const DIR_BYTES: usize = align_up(RING_BYTES + CACHE_BYTES, 64);
