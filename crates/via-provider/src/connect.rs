@@ -16,9 +16,7 @@ use crate::nic::Nic;
 use crate::provider;
 use crate::timeout::Deadline;
 use crate::transport::shm::setup::HANDSHAKE;
-
 use crate::transport::{shm, udp, Ending};
-
 use crate::vi::{Link, Linked, Transport, Vi, ViState};
 use parking_lot::Mutex;
 use std::sync::Arc;
