@@ -3,7 +3,8 @@
 //! receiver.
 //!
 //! Layout: a 4 KiB header (version, one `closed` flag and one `copying`
-//! count per side), then the A->B block and the B->A block, each a ring
+//! count per side, and per side the line of counters it writes as
+//! messages move), then the A->B block and the B->A block, each a ring
 //! followed by the receive-queue cache published by the ring's consumer.
 //!
 //! # Fences
@@ -18,12 +19,12 @@
 //! peer's to write, so the wait is bounded; a peer that holds it longer is
 //! broken, and so is its connection.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering::*};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use crate::layout::HOT;
-use crate::layout::{align_up, at, CacheLine};
+use crate::layout::{align_up, at, CacheLine, Counters};
 use crate::recv::CACHE_BYTES;
 #[cfg(test)]
 use crate::recv::HEAD_BYTES as ENTRY_HEAD_BYTES;
@@ -39,7 +40,7 @@ use crate::{SharedRegion, ShmError};
 /// Layout version stored in the header by the first side to attach; a
 /// new layout takes a new version, so that processes of two layouts (two
 /// builds of openvia) refuse each other's segment instead of misreading it.
-pub const CONN_VERSION: u32 = 3;
+pub const CONN_VERSION: u32 = 4;
 
 const HEADER_BYTES: usize = 4096;
 const DIR_BYTES: usize = align_up(RING_BYTES + CACHE_BYTES, 64);
@@ -52,6 +53,24 @@ struct ConnHeader {
     closed: [CacheLine<AtomicU32>; 2],
     /// Copies a side has under way into or out of the other side's memory.
     copying: [CacheLine<AtomicU32>; 2],
+    /// Per side, the counters it writes as messages move.
+    counters: [CacheLine<SideCounters>; 2],
+}
+
+/// The shared counters one side writes, together in one line: a message
+/// moves this line on each side instead of four.  The peer reads them
+/// rarely (when the places it knows to be free run out), so the line stays
+/// with its writer.
+#[repr(C)]
+struct SideCounters {
+    /// The head of the ring this side produces.
+    sent: AtomicU64,
+    /// The tail of the ring this side consumes.
+    received: AtomicU64,
+    /// `published` of this side's receive cache.
+    published: AtomicU64,
+    /// `taken` of the peer's receive cache.
+    taken: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<ConnHeader>() <= HEADER_BYTES);
@@ -107,15 +126,21 @@ impl ConnSegment {
             Err(_) => return Err(ShmError::Corrupt("segment version")),
         }
         let (out, inn) = (side.index(), side.peer().index());
+        let (mine, theirs) = (&hdr.counters[out].0, &hdr.counters[inn].0);
         // SAFETY: both direction blocks lie inside the region (checked above),
-        // are 64-byte aligned and live as long as `region`, owned by self.
+        // are 64-byte aligned and live as long as `region`, owned by self;
+        // so do the header's counters.
         unsafe {
             let dir = |d: usize| base.add(HEADER_BYTES + d * DIR_BYTES);
             Ok(ConnSegment {
-                tx: Ring::new(dir(out), true),
-                rx: Ring::new(dir(inn), false),
-                my_recvs: RecvCache::new(dir(inn).add(RING_BYTES), true),
-                peer_recvs: RecvCache::new(dir(out).add(RING_BYTES), false),
+                tx: Ring::new(dir(out), true, Counters::new(&mine.sent, &theirs.received)),
+                rx: Ring::new(dir(inn), false, Counters::new(&theirs.sent, &mine.received)),
+                my_recvs: RecvCache::new(dir(inn).add(RING_BYTES), true, Counters::new(&mine.published, &theirs.taken)),
+                peer_recvs: RecvCache::new(
+                    dir(out).add(RING_BYTES),
+                    false,
+                    Counters::new(&theirs.published, &mine.taken),
+                ),
                 side,
                 region,
             })
@@ -130,6 +155,15 @@ impl ConnSegment {
     /// The ring the peer produces and I consume.
     pub fn rx(&self) -> &Ring {
         &self.rx
+    }
+
+    /// The segment's control lines that this side's messages move
+    /// through (its counters, the peer's sleep flag, its ring's `lapped`),
+    /// for a caller to prefetch before a message: at a thousand
+    /// connections they are out of the caches.
+    pub fn control_lines(&self) -> [*const u8; 3] {
+        let counters = &*self.header().counters[self.side.index()] as *const SideCounters as *const u8;
+        [counters, self.tx.control_line(), self.rx.control_line()]
     }
 
     /// The cache where I publish my posted receives (the peer takes them).
@@ -278,6 +312,14 @@ mod tests {
         (h, buf)
     }
 
+    /// A ring's control block (`sleeping`, `futex`, `lapped`), before its heads.
+    const RING_CTL: usize = 192;
+
+    /// Where `side`'s counter `i` (sent, received, published, taken) is.
+    fn counter(side: Side, i: usize) -> usize {
+        320 + side.index() * 64 + i * 8
+    }
+
     /// The shared word at `offset` in the segment.
     fn word<T>(seg: &ConnSegment, offset: usize) -> &T {
         // SAFETY: tests only pass aligned offsets of integer words inside the segment.
@@ -351,10 +393,10 @@ mod tests {
     fn small_messages_and_receives_touch_only_heads() {
         let (a, b) = pair();
         // A's ring to B is the first after the segment's header, B's
-        // receive cache after it; the bodies of each follow its control
-        // block and the heads of every slot or entry.
-        let slot_bodies = HEADER_BYTES + 320 + (HOT + RING_SLOTS) * HEAD_BYTES;
-        let entry_bodies = HEADER_BYTES + RING_BYTES + 128 + (HOT + RECV_ENTRIES) * ENTRY_HEAD_BYTES;
+        // receive cache after it; the bodies of each follow the heads of
+        // every slot or entry (and the ring's control block).
+        let slot_bodies = HEADER_BYTES + RING_CTL + (HOT + RING_SLOTS) * HEAD_BYTES;
+        let entry_bodies = HEADER_BYTES + RING_BYTES + (HOT + RECV_ENTRIES) * ENTRY_HEAD_BYTES;
         let written = |from: usize, to: usize| {
             (from..to).step_by(8).filter(|&at| word::<AtomicU64>(&b, at).load(Acquire) != 0).count()
         };
@@ -375,6 +417,30 @@ mod tests {
         b.my_recvs().publish(segs(4)).unwrap();
         assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs(), segs(4));
         assert_eq!(entry_body_words(), 2, "the 4th segment is in the body");
+    }
+
+    #[test]
+    fn each_side_writes_its_counters_in_one_line_of_the_header() {
+        let (a, b) = pair();
+        let n = 3 * HOT as u64;
+        for i in 0..n {
+            b.my_recvs().publish([RecvSeg { addr: i, len: 8, handle: 0 }]).unwrap();
+            assert_eq!(a.peer_recvs().take_seq().unwrap(), Some(i));
+            a.tx().push(&hdr(SLOT_SEND, i), &[&i.to_le_bytes()]).unwrap();
+            assert_eq!(recv(b.rx()).1, i.to_le_bytes());
+        }
+        let count = |side, i| word::<AtomicU64>(&a, counter(side, i)).load(Acquire);
+        // A sent and took n, B received and published n; nothing went the other way.
+        assert_eq!([0, 3].map(|i| count(Side::A, i)), [n, n]);
+        assert_eq!([1, 2].map(|i| count(Side::B, i)), [n, n]);
+        assert_eq!([1, 2].map(|i| count(Side::A, i)), [0, 0]);
+        assert_eq!([0, 3].map(|i| count(Side::B, i)), [0, 0]);
+        // The ring's control block (no sleeper, nothing lapped) is untouched.
+        let ctl_words = (HEADER_BYTES..HEADER_BYTES + RING_CTL).step_by(8);
+        assert!(ctl_words.into_iter().all(|at| word::<AtomicU64>(&a, at).load(Acquire) == 0));
+        // What a side prefetches: its counters' line first.
+        assert_eq!(a.control_lines()[0] as usize - a.region().as_ptr() as usize, counter(Side::A, 0));
+        assert_eq!(b.control_lines()[0] as usize - b.region().as_ptr() as usize, counter(Side::B, 0));
     }
 
     #[test]
@@ -410,9 +476,11 @@ mod tests {
     #[test]
     fn corrupt_counters_are_errors() {
         let (a, b) = pair();
-        // The A->B ring: head, tail, lapped, then hot slot 0 after the
-        // 320-byte control block, with inline_len at 24 and the stamp at 40.
-        let (head, tail, lapped, slot0) = (HEADER_BYTES, HEADER_BYTES + 64, HEADER_BYTES + 256, HEADER_BYTES + 320);
+        // The A->B ring: its head is A's `sent`, its tail B's `received`;
+        // `lapped` in its control block, then hot slot 0, with inline_len
+        // at 24 and the stamp at 40.
+        let (head, tail) = (counter(Side::A, 0), counter(Side::B, 1));
+        let (lapped, slot0) = (HEADER_BYTES + 128, HEADER_BYTES + RING_CTL);
         // A stamp that is no message's is not a message.
         word::<AtomicU64>(&a, slot0 + 40).store(77, Release);
         assert!(b.rx().peek().unwrap().is_none());
@@ -460,8 +528,8 @@ mod tests {
                 assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs()[0].addr, i);
             }
         }
-        let ring_lap = HEADER_BYTES + 320 + HOT * HEAD_BYTES;
-        let cache_lap = HEADER_BYTES + DIR_BYTES + RING_BYTES + 128 + HOT * ENTRY_HEAD_BYTES;
+        let ring_lap = HEADER_BYTES + RING_CTL + HOT * HEAD_BYTES;
+        let cache_lap = HEADER_BYTES + DIR_BYTES + RING_BYTES + HOT * ENTRY_HEAD_BYTES;
         for i in 0..RING_SLOTS {
             assert_eq!(word::<AtomicU64>(&a, ring_lap + i * HEAD_BYTES + 40).load(Acquire), 0);
             assert_eq!(word::<AtomicU64>(&a, cache_lap + i * ENTRY_HEAD_BYTES).load(Acquire), 0);
@@ -505,24 +573,24 @@ mod tests {
     fn corrupt_recv_entries_are_errors() {
         let (a, b) = pair();
         a.my_recvs().publish([RecvSeg { addr: 1, len: 2, handle: 0 }]).unwrap();
-        // A's receives are the cache after the B->A ring; entry 0 follows
-        // the 128-byte control block: seq u64, then nsegs u32.
+        // A's receives are the cache after the B->A ring, entry 0 first:
+        // seq u64, then nsegs u32.  Its `published` is A's counter.
         let cache = HEADER_BYTES + DIR_BYTES + RING_BYTES;
-        let (seq, nsegs) = (cache + 128, cache + 136);
+        let (seq, nsegs, published) = (cache, cache + 8, counter(Side::A, 2));
         word::<AtomicU32>(&a, nsegs).store(MAX_SEGS as u32 + 1, Release);
         assert!(corrupt(b.peer_recvs().take()));
         word::<AtomicU32>(&a, nsegs).store(1, Release);
         word::<AtomicU64>(&a, seq).store(77, Release);
         assert!(corrupt(b.peer_recvs().take()));
-        word::<AtomicU64>(&a, cache).store(1 << 40, Release);
+        word::<AtomicU64>(&a, published).store(1 << 40, Release);
         assert!(corrupt(b.peer_recvs().take()));
         assert_eq!(b.peer_recvs().available(), RECV_ENTRIES as u64);
         // The published count is read when the receives seen are used up.
         let (a, b) = pair();
-        word::<AtomicU64>(&a, cache).store(1 << 40, Release);
+        word::<AtomicU64>(&a, published).store(1 << 40, Release);
         assert!(corrupt(b.peer_recvs().take_seq()));
         assert!(corrupt(b.peer_recvs().take()));
-        word::<AtomicU64>(&a, cache).store(0, Release);
+        word::<AtomicU64>(&a, published).store(0, Release);
         assert!(b.peer_recvs().take_seq().unwrap().is_none());
     }
 

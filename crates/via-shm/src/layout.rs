@@ -1,6 +1,7 @@
 //! Helpers for laying out structures inside a shared mapping.
 
 use std::ops::Deref;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::ShmError;
@@ -30,6 +31,37 @@ pub(crate) const fn align_up(n: usize, align: usize) -> usize {
 /// through interior mutability (atomics).
 pub(crate) unsafe fn at<'a, T>(base: *mut u8, offset: usize) -> &'a T {
     &*base.add(offset).cast::<T>()
+}
+
+/// Where the two shared counters of a ring or a receive cache are: the
+/// producer's count and the consumer's, each in the line of counters that
+/// its side writes as messages move (`conn::SideCounters`), so that a
+/// message moves one line of counters on each side, not one per counter.
+#[derive(Clone, Copy)]
+pub(crate) struct Counters {
+    produced: NonNull<AtomicU64>,
+    consumed: NonNull<AtomicU64>,
+}
+
+impl Counters {
+    /// # Safety
+    /// Both words must lie in a live mapping that outlives every user of
+    /// the counters, 8-byte aligned.
+    pub(crate) unsafe fn new(produced: &AtomicU64, consumed: &AtomicU64) -> Counters {
+        Counters { produced: NonNull::from(produced), consumed: NonNull::from(consumed) }
+    }
+
+    /// The producer's count: a ring's head, a cache's `published`.
+    pub(crate) fn produced(&self) -> &AtomicU64 {
+        // SAFETY: see `new`.
+        unsafe { self.produced.as_ref() }
+    }
+
+    /// The consumer's count: a ring's tail, a cache's `taken`.
+    pub(crate) fn consumed(&self) -> &AtomicU64 {
+        // SAFETY: see `new`.
+        unsafe { self.consumed.as_ref() }
+    }
 }
 
 /// Hot places in front of a ring's lap (and of a receive cache's).

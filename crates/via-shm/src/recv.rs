@@ -20,7 +20,7 @@ use std::mem::size_of;
 use std::ptr::{self, addr_of, addr_of_mut, NonNull};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use crate::layout::{align_up, at, CacheLine, Consumed, Place, HOT};
+use crate::layout::{align_up, Consumed, Counters, Place, HOT};
 use crate::ShmError;
 
 /// Receives a cache holds (the entries of its lap); at least the deepest
@@ -63,12 +63,6 @@ impl RecvEntry {
 }
 
 #[repr(C)]
-struct CacheCtl {
-    published: CacheLine<AtomicU64>,
-    taken: CacheLine<AtomicU64>,
-}
-
-#[repr(C)]
 struct RawSeg {
     addr: u64,
     len: u32,
@@ -91,25 +85,27 @@ struct RawHead {
 /// An entry's body: the segments after its head's.
 type RawBody = [RawSeg; MAX_SEGS - HEAD_SEGS];
 
-const CTL_BYTES: usize = size_of::<CacheCtl>();
 pub(crate) const HEAD_BYTES: usize = size_of::<RawHead>();
 const BODY_BYTES: usize = align_up(size_of::<RawBody>(), 64);
 /// Entries of a cache: the hot ones, then the lap ([`Place::index`]).
 const ENTRIES: usize = HOT + RECV_ENTRIES;
-/// Where the bodies start: after the control block and every entry's head.
-const BODIES: usize = CTL_BYTES + ENTRIES * HEAD_BYTES;
-/// Bytes of one cache in a segment: the control block, the heads of the
-/// hot entries and of the lap, then their bodies in the same order.
+/// Where the bodies start: after every entry's head.
+const BODIES: usize = ENTRIES * HEAD_BYTES;
+/// Bytes of one cache in a segment: the heads of the hot entries and of
+/// the lap, then their bodies in the same order.  (Its two counters are
+/// in the segment's header, [`Counters`].)
 pub(crate) const CACHE_BYTES: usize = BODIES + ENTRIES * BODY_BYTES;
 
 const _: () = assert!(RECV_ENTRIES.is_power_of_two());
-const _: () = assert!(HEAD_BYTES == 64 && CTL_BYTES.is_multiple_of(64));
+const _: () = assert!(HEAD_BYTES == 64);
 
 /// One receive-queue cache.  The publisher serializes `publish`; the taker
 /// serializes `take`.
 pub struct RecvCache {
     base: NonNull<u8>,
     publisher: bool,
+    /// The shared `published` (produced) and `taken` (consumed).
+    counters: Counters,
     /// The publisher's own count.
     published: AtomicU64,
     /// The taker's own count.
@@ -129,11 +125,12 @@ unsafe impl Sync for RecvCache {}
 impl RecvCache {
     /// # Safety
     /// `base` must point to `CACHE_BYTES` of a mapping, 64-byte aligned, that
-    /// outlives the cache.
-    pub(crate) unsafe fn new(base: *mut u8, publisher: bool) -> RecvCache {
+    /// outlives the cache, as must the words of `counters`.
+    pub(crate) unsafe fn new(base: *mut u8, publisher: bool, counters: Counters) -> RecvCache {
         RecvCache {
             base: NonNull::new_unchecked(base),
             publisher,
+            counters,
             published: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             seen: AtomicU64::new(0),
@@ -141,15 +138,10 @@ impl RecvCache {
         }
     }
 
-    fn ctl(&self) -> &CacheCtl {
-        // SAFETY: the control block is at the start of the cache.
-        unsafe { at(self.base.as_ptr(), 0) }
-    }
-
     /// The head of the entry at `index` ([`Place::index`]).
     fn head(&self, index: usize) -> *mut RawHead {
-        // SAFETY: index < ENTRIES: a head after the control block.
-        unsafe { self.base.as_ptr().add(CTL_BYTES + index.min(ENTRIES - 1) * HEAD_BYTES).cast() }
+        // SAFETY: index < ENTRIES: a head inside the cache.
+        unsafe { self.base.as_ptr().add(index.min(ENTRIES - 1) * HEAD_BYTES).cast() }
     }
 
     /// Segment `i` (< `MAX_SEGS`) of the entry at `index`: in its head or
@@ -180,9 +172,9 @@ impl RecvCache {
         if segs.len() > MAX_SEGS {
             return Err(ShmError::TooManySegments);
         }
-        let ctl = self.ctl();
         let seq = self.published.load(Relaxed);
-        let place = self.consumed.place(seq, RECV_ENTRIES, || ctl.taken.load(Acquire), "receive cache taken")?;
+        let taken = || self.counters.consumed().load(Acquire);
+        let place = self.consumed.place(seq, RECV_ENTRIES, taken, "receive cache taken")?;
         let index = place.index();
         let e = self.head(index);
         // SAFETY: `e` is a head inside the cache; at most MAX_SEGS are written.
@@ -200,7 +192,7 @@ impl RecvCache {
         }
         let next = seq.wrapping_add(1);
         self.published.store(next, Relaxed);
-        ctl.published.store(next, Release);
+        self.counters.produced().store(next, Release);
         Ok(seq)
     }
 
@@ -210,7 +202,7 @@ impl RecvCache {
         let seq = self.taken.load(Relaxed);
         let seen = self.seen.load(Relaxed);
         if seq == seen {
-            let published = self.ctl().published.load(Acquire);
+            let published = self.counters.produced().load(Acquire);
             let avail = published.wrapping_sub(seq);
             if avail > RECV_ENTRIES as u64 {
                 return Err(ShmError::Corrupt("receive cache published"));
@@ -226,7 +218,7 @@ impl RecvCache {
     fn consume(&self, seq: u64) {
         let next = seq.wrapping_add(1);
         self.taken.store(next, Relaxed);
-        self.ctl().taken.store(next, Release);
+        self.counters.consumed().store(next, Release);
     }
 
     /// Sender side: takes the next published receive without reading its
@@ -286,14 +278,14 @@ impl RecvCache {
         if self.publisher {
             self.published.load(Relaxed)
         } else {
-            self.ctl().published.load(Acquire)
+            self.counters.produced().load(Acquire)
         }
     }
 
     /// Receives taken so far (the peer's unvalidated count on the publisher side).
     pub fn taken(&self) -> u64 {
         if self.publisher {
-            self.ctl().taken.load(Acquire)
+            self.counters.consumed().load(Acquire)
         } else {
             self.taken.load(Relaxed)
         }

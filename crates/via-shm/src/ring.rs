@@ -2,9 +2,10 @@
 //! connection segment: one direction of a connection.
 //!
 //! `head` (written by the producer) and `tail` (written by the consumer) are
-//! monotonically increasing u64 counters.  Each side keeps its own counter
-//! in process memory and only trusts that copy; the peer's counter is
-//! validated on every read.
+//! monotonically increasing u64 counters, each in its side's line of
+//! counters in the segment's header ([`Counters`]).  Each side keeps its
+//! own counter in process memory and only trusts that copy; the peer's
+//! counter is validated on every read.
 //!
 //! Message `n` goes to hot slot `n % HOT` while the consumer keeps up, else
 //! to slot `n % RING_SLOTS` of the lap ([`Place`]): a connection in
@@ -29,7 +30,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use crate::futex::{futex_wait, futex_wake};
-use crate::layout::{at, CacheLine, Consumed, Place, HOT};
+use crate::layout::{at, CacheLine, Consumed, Counters, Place, HOT};
 use crate::ShmError;
 
 /// Messages a ring holds (the slots of its lap); at least the deepest
@@ -109,11 +110,11 @@ pub struct SlotHeader {
     pub aux: u64,
 }
 
-/// The ring's control block, each word on its own cache line.
+/// The ring's control block, each word on its own cache line: the words
+/// written when a side sleeps or wakes, or a message goes in the lap (the
+/// counters, written by every message, are in the segment's header).
 #[repr(C)]
 struct RingCtl {
-    head: CacheLine<AtomicU64>,
-    tail: CacheLine<AtomicU64>,
     /// Number of consumer threads asleep in `wait` (a flag for one consumer).
     sleeping: CacheLine<AtomicU32>,
     /// Bumped by the producer on every push; the consumer sleeps on it.
@@ -142,6 +143,8 @@ const _: () = assert!(size_of::<SlotHeader>() <= STAMP_OFFSET && STAMP_OFFSET + 
 pub struct Ring {
     base: NonNull<u8>,
     producer: bool,
+    /// The shared head (produced) and tail (consumed).
+    counters: Counters,
     /// The producer's own head.
     head: AtomicU64,
     /// The consumer's own tail.
@@ -211,11 +214,12 @@ impl SlotPayload {
 impl Ring {
     /// # Safety
     /// `base` must point to `RING_BYTES` of a mapping, 64-byte aligned, that
-    /// outlives the ring.
-    pub(crate) unsafe fn new(base: *mut u8, producer: bool) -> Ring {
+    /// outlives the ring, as must the words of `counters`.
+    pub(crate) unsafe fn new(base: *mut u8, producer: bool, counters: Counters) -> Ring {
         Ring {
             base: NonNull::new_unchecked(base),
             producer,
+            counters,
             head: AtomicU64::new(0),
             tail: AtomicU64::new(0),
             consumed: Consumed::new(),
@@ -291,7 +295,7 @@ impl Ring {
             .ok_or(ShmError::TooSmall)?;
         let ctl = self.ctl();
         let head = self.head.load(Relaxed);
-        let place = self.consumed.place(head, RING_SLOTS, || ctl.tail.load(Acquire), "ring tail")?;
+        let place = self.consumed.place(head, RING_SLOTS, || self.counters.consumed().load(Acquire), "ring tail")?;
         let slot_head = self.head_at(place.index());
         let hdr = SlotHeader { inline_len: total as u32, ..*hdr };
         // SAFETY: the head has room for the header; head and body together
@@ -306,7 +310,7 @@ impl Ring {
         let next = head.wrapping_add(1);
         self.stamp(place).store(next, Release);
         self.head.store(next, Relaxed);
-        ctl.head.store(next, Release);
+        self.counters.produced().store(next, Release);
         if let Place::Lap(_) = place {
             ctl.lapped.store(next, Release);
         }
@@ -324,6 +328,17 @@ impl Ring {
     pub fn next_slot(&self) -> *const u8 {
         let [hot, _] = Place::candidates(self.tail.load(Relaxed), RING_SLOTS);
         self.head_at(hot.index())
+    }
+
+    /// The control line a message reads on this side, besides the
+    /// counters: the consumer's `sleeping` for the producer, `lapped` for
+    /// the consumer; for a caller to prefetch.
+    pub fn control_line(&self) -> *const u8 {
+        let ctl = self.ctl();
+        match self.producer {
+            true => &*ctl.sleeping as *const AtomicU32 as *const u8,
+            false => &*ctl.lapped as *const AtomicU64 as *const u8,
+        }
     }
 
     /// Consumer side: a validated copy of the next slot's header, without
@@ -380,7 +395,7 @@ impl Ring {
         self.peeked.store(NOT_PEEKED, Relaxed);
         let tail = self.tail.load(Relaxed).wrapping_add(1);
         self.tail.store(tail, Relaxed);
-        self.ctl().tail.store(tail, Release);
+        self.counters.consumed().store(tail, Release);
     }
 
     /// True when no slot is waiting.
@@ -391,11 +406,10 @@ impl Ring {
     /// Slots pushed and not yet popped, from this side's view, clamped to
     /// `RING_SLOTS`.
     pub fn len(&self) -> usize {
-        let ctl = self.ctl();
         let used = if self.producer {
-            self.head.load(Relaxed).wrapping_sub(ctl.tail.load(Acquire))
+            self.head.load(Relaxed).wrapping_sub(self.counters.consumed().load(Acquire))
         } else {
-            ctl.head.load(Acquire).wrapping_sub(self.tail.load(Relaxed))
+            self.counters.produced().load(Acquire).wrapping_sub(self.tail.load(Relaxed))
         };
         used.min(RING_SLOTS as u64) as usize
     }
