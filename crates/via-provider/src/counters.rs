@@ -210,6 +210,14 @@ impl CounterRow {
             _ => p.stats.add(c as usize, n),
         }
     }
+
+    /// Where the row is, for its owner to prefetch (null without one).
+    pub fn line(&self) -> *const u8 {
+        match (&self.page, self.row) {
+            (Some(p), Some(row)) => p.stats.row_line(row as usize),
+            _ => std::ptr::null(),
+        }
+    }
 }
 
 impl Drop for CounterRow {

@@ -87,6 +87,15 @@ impl StatsPage {
         }
     }
 
+    /// Where row `row` is (a line of its own), for its owner to
+    /// prefetch; null for a row out of range.
+    pub fn row_line(&self, row: usize) -> *const u8 {
+        match row < self.rows {
+            true => self.row_value(row, 0) as *const AtomicU64 as *const u8,
+            false => std::ptr::null(),
+        }
+    }
+
     /// Column `i` of row `row`; both in range.
     fn row_value(&self, row: usize, i: usize) -> &AtomicU64 {
         debug_assert!(row < self.rows && i < ROW_WIDTH);

@@ -548,6 +548,52 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_memory_vi_knows_where_its_next_message_goes() {
+        use crate::vi::hot::Fixed;
+        let mut sim = Sim::new(1, 2, NONE);
+        let nic = sim.nic(0).clone();
+        let tag = nic.create_ptag().unwrap();
+        let (a, b) = (vi(&nic, tag, SERVICE_RELIABLE_DELIVERY), vi(&nic, tag, SERVICE_RELIABLE_DELIVERY));
+        let m = Memory::new(&nic, nic.ptag(tag).unwrap().id, 1 << 16);
+        for i in 0..2 {
+            b.post_recv(m.descriptor(i * 64, 4096 + i * 4096, 4096), m.mem).unwrap();
+        }
+        sim.connect(&a, &b).unwrap();
+        let first_pending = |vi: &Vi| {
+            let q = vi.recv.lock();
+            q.items.get(q.done).map_or(0, |i| i as *const _ as usize)
+        };
+        assert_eq!(b.hot.recv_front.load(Ordering::Relaxed), first_pending(&b));
+        assert_ne!(first_pending(&b), 0);
+        // The segment and its control lines, inside its mapping.
+        let seg = b.recv.lock().seg.clone().unwrap();
+        assert_eq!(b.hot.get(Fixed::Segment), Arc::as_ptr(&seg) as usize);
+        let region = seg.region().as_ptr() as usize..seg.region().as_ptr() as usize + seg.region().len();
+        for line in [Fixed::Control0, Fixed::Control1, Fixed::Control2] {
+            assert!(region.contains(&b.hot.get(line)));
+        }
+        assert!(region.contains(&b.hot.rx_slot.load(Ordering::Relaxed)));
+        assert!(a.hot.get(Fixed::Conn) != 0 && a.hot.get(Fixed::SendRow) != 0);
+        // A send completes at once: the next one goes after it.
+        a.post_send(m.descriptor(256, 32768, 8), m.mem).unwrap();
+        let back = {
+            let q = a.send.lock();
+            let (x, y) = q.items.as_slices();
+            (if y.is_empty() { x.as_ptr_range().end } else { y.as_ptr_range().end }) as usize
+        };
+        assert_eq!(a.hot.send_back.load(Ordering::Relaxed), back);
+        // Received: the next pending receive is the one to fetch.
+        assert!(run_until(&mut sim, Duration::from_secs(1), || b.recv_done().is_ok()));
+        assert_eq!(b.hot.recv_front.load(Ordering::Relaxed), first_pending(&b));
+        // Disconnected: the connection's lines are forgotten.
+        a.disconnect().unwrap();
+        assert!(run_until(&mut sim, Duration::from_secs(1), || b.state() == ViState::Error));
+        for vi in [&a, &b] {
+            assert_eq!([Fixed::Conn, Fixed::Segment, Fixed::Control0].map(|l| vi.hot.get(l)), [0, 0, 0]);
+        }
+    }
+
+    #[test]
     fn a_seed_replays_the_same() {
         for seed in 0..5 {
             assert_eq!(one_message(seed), one_message(seed), "seed {seed}");

@@ -5,8 +5,10 @@
 //! The VI dispatches to the one its connection uses (`link::Link`).
 //! Lock order: `recv` before `send`.
 
+pub(crate) mod hot;
 mod link;
 
+use hot::{Fixed, HotLines};
 pub(crate) use link::{Link, LinkKind, Linked, Transport, WorkQueue};
 
 use crate::transport::shm::conn::publish;
@@ -273,31 +275,35 @@ pub(crate) struct Break {
 }
 
 /// A Virtual Interface.
+///
+/// Laid out in order: the first line holds what a CQ poll reads of the VI
+/// it names and where that VI's next message goes (`hot`), so that at a
+/// thousand VIs a completion costs one miss before the prefetches go out.
+#[repr(C, align(64))]
 pub struct Vi {
     /// This VI's handle.
     pub handle: Handle,
-    /// Its NIC.
-    pub nic: Arc<Nic>,
-    /// CQ of the send queue.
-    pub send_cq: Option<Arc<Cq>>,
     /// CQ of the receive queue.
     pub recv_cq: Option<Arc<Cq>>,
-    attrs: AttrCell,
-    pub(crate) ptag_id: AtomicU32,
+    /// CQ of the send queue.
+    pub send_cq: Option<Arc<Cq>>,
+    /// The lane of the peer process this VI is connected to (0: none): CQ
+    /// entries for this VI count only from that lane ([`crate::lane`]).
+    pub(crate) lane: AtomicU64,
     state: AtomicU8,
-    pub(crate) recv: QueueMutex<RecvQueue>,
-    pub(crate) send: QueueMutex<SendQueue>,
     /// The kind of the send queue's link (`LinkKind as u8`), which the
     /// polls and waits dispatch on without the queue's lock
     /// (`Vi::attach_link`).
     link_kind: AtomicU8,
-    /// Shared memory: the ring slot of the next message (`Ring::next_slot`),
-    /// for a CQ poll that names this VI to prefetch before `VipRecvDone`
-    /// reads it.  A hint only: a prefetch never faults, whatever is mapped.
-    pub(crate) rx_slot: AtomicUsize,
-    /// The lane of the peer process this VI is connected to (0: none): CQ
-    /// entries for this VI count only from that lane ([`crate::lane`]).
-    pub(crate) lane: AtomicU64,
+    /// The lines its next message touches, for a CQ poll that names this
+    /// VI to prefetch before `VipRecvDone` and `VipPostSend` ([`hot`]).
+    pub(crate) hot: HotLines,
+    /// Its NIC.
+    pub nic: Arc<Nic>,
+    attrs: AttrCell,
+    pub(crate) ptag_id: AtomicU32,
+    pub(crate) recv: QueueMutex<RecvQueue>,
+    pub(crate) send: QueueMutex<SendQueue>,
     /// Futex word for waiters that have no ring to sleep on.
     wake_word: AtomicU32,
     sleepers: AtomicUsize,
@@ -365,7 +371,7 @@ impl Vi {
                 recv: QueueMutex::new(RecvQueue { tally: nic.counters.row(), ..Default::default() }),
                 send: QueueMutex::new(SendQueue { tally: nic.counters.row(), ..Default::default() }),
                 link_kind: AtomicU8::new(LinkKind::Unlinked as u8),
-                rx_slot: AtomicUsize::new(0),
+                hot: HotLines::default(),
                 lane: AtomicU64::new(0),
                 wake_word: AtomicU32::new(0),
                 sleepers: AtomicUsize::new(0),
@@ -379,6 +385,8 @@ impl Vi {
             nic.vi_count.fetch_sub(1, Ordering::AcqRel);
             return Err(ViaError::Resource);
         };
+        vi.hot.set(Fixed::SendRow, vi.send.lock().tally.line());
+        vi.hot.set(Fixed::RecvRow, vi.recv.lock().tally.line());
         if let Some(engine) = &nic.send_engine {
             engine.attach(Arc::downgrade(&vi) as std::sync::Weak<dyn Ringer>);
         }
@@ -578,29 +586,39 @@ impl Vi {
         for (item, s) in q.items.iter_mut().filter(|i| !i.done && i.error == 0).zip(seq) {
             item.seq = Some(s);
         }
-        self.rx_slot.store(seg.rx().next_slot() as usize, Ordering::Relaxed);
+        self.hot.rx_slot.store(seg.rx().next_slot() as usize, Ordering::Relaxed);
+        self.hot.set(Fixed::Segment, Arc::as_ptr(&seg) as *const u8);
+        self.hot.set_control(seg.control_lines());
+        self.note_recv_front(&q);
         q.seg = Some(seg);
         Ok(())
     }
 
-    /// Starts fetching the ring slot of the next message, which the CQ
-    /// says has come: its line moves from the sender's core while the
-    /// application calls `VipRecvDone`.
+    /// Starts fetching what the next message on this VI touches, which the
+    /// CQ says has come: the lines move in while the application calls
+    /// `VipRecvDone` ([`hot`]).
     pub(crate) fn prefetch_received(&self) {
-        let slot = self.rx_slot.load(Ordering::Relaxed);
-        #[cfg(target_arch = "x86_64")]
-        if slot != 0 {
-            // SAFETY: a prefetch reads nothing and never faults.
-            unsafe { core::arch::x86_64::_mm_prefetch(slot as *const i8, core::arch::x86_64::_MM_HINT_T0) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = slot;
+        self.hot.prefetch((self as *const Vi).cast(), std::mem::size_of::<Vi>());
+    }
+
+    /// Records where the first pending receive is, for the next prefetch.
+    fn note_recv_front(&self, q: &RecvQueue) {
+        let item = q.items.get(q.done).map_or(0, |i| i as *const RecvItem as usize);
+        self.hot.recv_front.store(item, Ordering::Relaxed);
+    }
+
+    /// Records where the send queue's next item goes, for the next prefetch.
+    fn note_send_back(&self, q: &SendQueue) {
+        let (a, b) = q.items.as_slices();
+        let back = if b.is_empty() { a.as_ptr_range().end } else { b.as_ptr_range().end };
+        self.hot.send_back.store(back as usize, Ordering::Relaxed);
     }
 
     /// Forgets a segment whose connection never came about.
     pub(crate) fn detach_segment(&self) {
         let mut q = self.recv.lock();
         q.seg = None;
+        self.hot.clear_connection();
         for item in q.items.iter_mut() {
             item.seq = None;
         }
@@ -674,12 +692,16 @@ impl Vi {
     /// link through its route, `NetLink::route_to`.)
     pub(crate) fn attach_link(&self, s: &mut SendQueue, link: Link) {
         self.link_kind.store(link.kind() as u8, Ordering::Release);
+        if let Link::Shm(conn) = &link {
+            self.hot.set(Fixed::Conn, Arc::as_ptr(conn) as *const u8);
+        }
         s.link = Some(link);
     }
 
     /// Forgets the transport of a connection that ends (both queue locks held).
     fn detach_link(&self, s: &mut SendQueue) -> Option<Link> {
         self.link_kind.store(LinkKind::Unlinked as u8, Ordering::Release);
+        self.hot.clear_connection();
         s.link.take()
     }
 
@@ -777,6 +799,9 @@ impl Vi {
             None => None,
         };
         q.items.push_back(RecvItem { desc, mem, epoch, segs, total, seq, done: false, error: 0 });
+        if q.items.len() == q.done + 1 {
+            self.note_recv_front(&q);
+        }
         Ok(())
     }
 
@@ -839,7 +864,9 @@ impl Vi {
         let got = if q.done > 0 {
             q.done -= 1;
             q.cq_seen = q.cq_seen.saturating_sub(1);
-            q.items.pop_front().map(|i| i.desc)
+            let desc = q.items.pop_front().map(|i| i.desc);
+            self.note_recv_front(&q);
+            desc
         } else {
             None
         };
@@ -970,6 +997,7 @@ impl Vi {
         let item = SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
         q.items.push_back(item);
         let completed = q.advance();
+        self.note_send_back(&q);
         drop(q);
         for _ in 0..completed {
             self.push_cq(false);

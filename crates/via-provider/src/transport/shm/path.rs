@@ -196,7 +196,7 @@ impl Vi {
                 } else {
                     self.ring_read_piece(seg, &hdr, closing)
                 };
-                self.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
+                self.hot.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
                 match taken {
                     Ok(None) => continue,
                     Ok(Some(why)) => return Some(why),
@@ -314,7 +314,7 @@ impl Vi {
             item.done = true;
             q.done += 1;
             rx.pop();
-            self.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
+            self.hot.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
             if status & STATUS_ERROR_MASK == 0 {
                 q.tally.add(Counter::MsgsReceived, 1);
                 q.tally.add(Counter::BytesReceived, length as u64);
@@ -386,7 +386,7 @@ impl Vi {
             _ => return Err(()),
         };
         rx.pop();
-        self.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
+        self.hot.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
         let reliable = reliable(self.attrs().reliability);
         let refused_now = w.refused && !refused_before;
         if refused_now {
