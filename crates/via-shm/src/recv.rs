@@ -4,7 +4,8 @@
 //! Single producer (the receiver, `published`) and single consumer (the
 //! remote sender, `taken`); like the ring, each side trusts only its own
 //! counter and validates the other's, and reads it only when what it saw
-//! last is used up, so a message does not move the counters' cache lines.
+//! last is used up, so a message moves only the writer's own line of
+//! counters (in the segment's header, `layout::Counters`) and never the peer's.
 //! A sender that needs only a posted receive, not its buffers (an inline
 //! send, an immediate), takes it without reading the entry
 //! ([`RecvCache::take_seq`]).
@@ -93,7 +94,7 @@ const ENTRIES: usize = HOT + RECV_ENTRIES;
 const BODIES: usize = ENTRIES * HEAD_BYTES;
 /// Bytes of one cache in a segment: the heads of the hot entries and of
 /// the lap, then their bodies in the same order.  (Its two counters are
-/// in the segment's header, [`Counters`].)
+/// in the segment's header, `layout::Counters`.)
 pub(crate) const CACHE_BYTES: usize = BODIES + ENTRIES * BODY_BYTES;
 
 const _: () = assert!(RECV_ENTRIES.is_power_of_two());

@@ -3,7 +3,7 @@
 //!
 //! `head` (written by the producer) and `tail` (written by the consumer) are
 //! monotonically increasing u64 counters, each in its side's line of
-//! counters in the segment's header ([`Counters`]).  Each side keeps its
+//! counters in the segment's header (`layout::Counters`).  Each side keeps its
 //! own counter in process memory and only trusts that copy; the peer's
 //! counter is validated on every read.
 //!

@@ -79,8 +79,10 @@ impl HotLines {
         prefetch(self.rx_slot.load(Relaxed));
         // A queue item may straddle two lines.
         for item in [self.recv_front.load(Relaxed), self.send_back.load(Relaxed)] {
-            prefetch(item);
-            prefetch(item.wrapping_add(64) * (item != 0) as usize);
+            if item != 0 {
+                prefetch(item);
+                prefetch(item.wrapping_add(64));
+            }
         }
         for w in &self.fixed {
             prefetch(w.load(Relaxed));
