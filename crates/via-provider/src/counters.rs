@@ -153,11 +153,11 @@ struct Page {
 }
 
 impl Counters {
-    /// A page labelled with the device name, with a row for each work
-    /// queue of the most VIs a NIC has; without a page (no memfd) counting
+    /// A page labelled with the device name, with a row for each of
+    /// the most VIs a NIC has; without a page (no memfd) counting
     /// is off.
     pub fn new(device: &str) -> Counters {
-        let page = StatsPage::create(device, &NAMES, 2 * limits::MAX_VI).ok().map(|stats| {
+        let page = StatsPage::create(device, &NAMES, limits::MAX_VI).ok().map(|stats| {
             let free_rows = Mutex::new((0..stats.rows() as u32).rev().collect());
             Arc::new(Page { stats, free_rows })
         });
@@ -183,32 +183,58 @@ impl Counters {
         self.0.as_ref().map(|p| &p.stats)
     }
 
-    /// A row of the page for one work queue.
-    pub(crate) fn row(&self) -> CounterRow {
+    /// A row of the page for one VI, which its two work queues share
+    /// ([`RowLease::view`]).
+    pub(crate) fn row(&self) -> RowLease {
         let row = self.0.as_ref().and_then(|p| p.free_rows.lock().pop());
-        CounterRow { page: self.0.clone(), row }
+        RowLease { page: self.0.clone(), row }
     }
 }
 
-/// The counters of one work queue: a row of the NIC's page that only its
-/// owner adds to (`&mut self`), so its per-message counters cost a load and
-/// a store instead of an atomic read-modify-write.  A row outlives its
-/// owner's counts: the next owner adds to what is there.
+/// The columns of a row that one work queue adds to, a bit per counter.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Columns(u8);
+
+impl Columns {
+    const fn of(counters: &[Counter]) -> Columns {
+        let mut bits = 0u8;
+        let mut i = 0;
+        while i < counters.len() {
+            bits |= 1 << counters[i] as usize;
+            i += 1;
+        }
+        Columns(bits)
+    }
+
+    fn has(self, c: Counter) -> bool {
+        (c as usize) < ROW_WIDTH && self.0 & (1 << c as usize) != 0
+    }
+}
+
+/// What the receive queue counts per message.
+pub(crate) const RECV_COLUMNS: Columns = Columns::of(&[Counter::MsgsReceived, Counter::BytesReceived]);
+/// What the send queue counts per message: the rest of the row.
+pub(crate) const SEND_COLUMNS: Columns = Columns(!RECV_COLUMNS.0);
+
+// A column has one writer, so its adds need no atomics.
+const _: () = assert!(RECV_COLUMNS.0 & SEND_COLUMNS.0 == 0);
+
+/// One VI's row of the NIC's page: one line, so that a message adds to a
+/// line of counters rather than two.  Freed when the VI goes; a row
+/// outlives its owner's counts, and the next owner adds to what is there.
 #[derive(Default)]
-pub(crate) struct CounterRow {
+pub(crate) struct RowLease {
     page: Option<Arc<Page>>,
     row: Option<u32>,
 }
 
-impl CounterRow {
-    /// Adds `n` to `c`.
-    pub fn add(&mut self, c: Counter, n: u64) {
-        let Some(p) = &self.page else { return };
-        match self.row {
-            // SAFETY: the row is this owner's alone until it is dropped.
-            Some(row) if (c as usize) < ROW_WIDTH => unsafe { p.stats.add_to_row(row as usize, c as usize, n) },
-            _ => p.stats.add(c as usize, n),
-        }
+impl RowLease {
+    /// The counters of one work queue: the row's `columns`, which only it
+    /// adds to (under its lock, through `&mut`), so its per-message
+    /// counters cost a load and a store instead of an atomic
+    /// read-modify-write.  Other counters go to the page's shared values.
+    pub fn view(&self, columns: Columns) -> CounterRow {
+        CounterRow { page: self.page.clone(), row: self.row, columns }
     }
 
     /// Where the row is, for its owner to prefetch (null without one).
@@ -220,10 +246,30 @@ impl CounterRow {
     }
 }
 
-impl Drop for CounterRow {
+impl Drop for RowLease {
     fn drop(&mut self) {
         if let (Some(p), Some(row)) = (&self.page, self.row) {
             p.free_rows.lock().push(row);
+        }
+    }
+}
+
+/// A work queue's view of its VI's row ([`RowLease::view`]).
+#[derive(Default)]
+pub(crate) struct CounterRow {
+    page: Option<Arc<Page>>,
+    row: Option<u32>,
+    columns: Columns,
+}
+
+impl CounterRow {
+    /// Adds `n` to `c`.
+    pub fn add(&mut self, c: Counter, n: u64) {
+        let Some(p) = &self.page else { return };
+        match self.row {
+            // SAFETY: the column is this view's alone while the row is leased.
+            Some(row) if self.columns.has(c) => unsafe { p.stats.add_to_row(row as usize, c as usize, n) },
+            _ => p.stats.add(c as usize, n),
         }
     }
 }
@@ -286,4 +332,45 @@ fn json_escape(s: &str) -> String {
             c => vec![c],
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads column `c` of the row at `line`.
+    fn column(line: *const u8, c: Counter) -> u64 {
+        // SAFETY: `line` is a row of a live page, ROW_WIDTH values long.
+        unsafe {
+            (*(line as *const std::sync::atomic::AtomicU64).add(c as usize)).load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    #[test]
+    fn a_vis_two_queues_count_into_its_one_row() {
+        let counters = Counters::new("rows");
+        assert!(counters.page().is_some(), "memfd pages work here");
+        let lease = counters.row();
+        let line = lease.line();
+        let (mut recv, mut send) = (lease.view(RECV_COLUMNS), lease.view(SEND_COLUMNS));
+        recv.add(Counter::MsgsReceived, 1);
+        recv.add(Counter::BytesReceived, 10);
+        send.add(Counter::MsgsSent, 2);
+        send.add(Counter::BytesSent, 20);
+        send.add(Counter::InlineSends, 2);
+        // Not the receive queue's column: the page's shared value.
+        recv.add(Counter::MsgsSent, 5);
+        let row = [Counter::MsgsReceived, Counter::BytesReceived, Counter::MsgsSent, Counter::BytesSent];
+        assert_eq!(row.map(|c| column(line, c)), [1, 10, 2, 20]);
+        assert_eq!(column(line, Counter::InlineSends), 2);
+        assert_eq!(counters.get(Counter::MsgsSent), 7);
+        assert_eq!(counters.get(Counter::BytesReceived), 10);
+
+        // The row goes back with the VI; its next owner adds to it.
+        drop((recv, send, lease));
+        let next = counters.row();
+        assert_eq!(next.line(), line);
+        next.view(RECV_COLUMNS).add(Counter::MsgsReceived, 1);
+        assert_eq!(column(line, Counter::MsgsReceived), 2);
+    }
 }

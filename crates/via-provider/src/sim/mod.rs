@@ -573,7 +573,7 @@ mod tests {
             assert!(region.contains(&b.hot.get(line)));
         }
         assert!(region.contains(&b.hot.rx_slot.load(Ordering::Relaxed)));
-        assert!(a.hot.get(Fixed::Conn) != 0 && a.hot.get(Fixed::SendRow) != 0);
+        assert!(a.hot.get(Fixed::Conn) != 0 && a.hot.get(Fixed::Row) != 0);
         // A send completes at once: the next one goes after it.
         a.post_send(m.descriptor(256, 32768, 8), m.mem).unwrap();
         let back = {

@@ -5,7 +5,7 @@
 //! With a few VIs these lines stay in the caches.  With a thousand on one
 //! CQ they are out of them, and the receive and the answer would walk
 //! them one miss after another (the VI, its queues' items, the ring, the
-//! segment's counters, the counter rows); fetched together the misses
+//! segment's counters, the counter row); fetched together the misses
 //! overlap.  The addresses are hints: a prefetch reads nothing and never
 //! faults, so a stale one (a queue grown, a segment unmapped) costs a
 //! wasted fetch, never a wrong result.
@@ -23,12 +23,11 @@ pub(crate) enum Fixed {
     Control0,
     Control1,
     Control2,
-    /// The counter rows of the two work queues.
-    SendRow,
-    RecvRow,
+    /// The VI's counter row, which both work queues add to.
+    Row,
 }
 
-const FIXED: usize = Fixed::RecvRow as usize + 1;
+const FIXED: usize = Fixed::Row as usize + 1;
 
 /// A VI's hot lines: the three that move with every message first.
 #[derive(Default)]
@@ -65,7 +64,7 @@ impl HotLines {
 
     /// Forgets the connection's lines.
     pub fn clear_connection(&self) {
-        for w in &self.fixed[..Fixed::SendRow as usize] {
+        for w in &self.fixed[..Fixed::Row as usize] {
             w.store(0, Relaxed);
         }
     }

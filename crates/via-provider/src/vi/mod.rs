@@ -15,7 +15,7 @@ use crate::transport::shm::conn::publish;
 use crate::transport::shm::ring_read;
 
 use crate::counters::StageTimer;
-use crate::counters::{Counter, CounterRow};
+use crate::counters::{Counter, CounterRow, RowLease, RECV_COLUMNS, SEND_COLUMNS};
 use crate::cq::{Cq, CqEntry};
 use crate::doorbell::{self, Ringer, Rung, ViDoorbell};
 use crate::endpoint::{Endpoint, NO_CQ};
@@ -79,6 +79,10 @@ pub(crate) struct RecvQueue {
     pub done: usize,
     /// CQ2: how many of the completed items `VipCQDone` has reported.
     pub cq_seen: usize,
+    /// Pending items that failed validation (`RecvItem::error`), which
+    /// `settle` completes as they reach the head: while there are none it
+    /// reads no item, so a message touches only the one it lands in.
+    pub failed: usize,
     pub seg: Option<Arc<ConnSegment>>,
     /// Network: the message being placed into the first pending item.
     pub inbound: Option<Inbound>,
@@ -156,22 +160,37 @@ pub(crate) struct InboundWrite {
     pub left: u32,
 }
 
+/// A descriptor on the send queue.  Kept to 48 bytes: at a thousand VIs
+/// each message pushes and pops one gone cold, so what only the network's
+/// RDMA operations need waits in [`Answer`], boxed.
 pub(crate) struct SendItem {
     pub desc: DescPtr,
+    /// Network: the token of the message carrying it; shared memory: the
+    /// number of its RDMA read through the ring.
+    pub token: u64,
+    /// Network RDMA operation that completes with its target's answer.
+    pub answer: Option<Box<Answer>>,
     /// The memory handle the descriptor was posted with.
     pub mem: u32,
     /// `Registry::deregistrations` when it was posted: where it differs
     /// when the descriptor is written, its region is asked again
     /// ([`desc_registered`]).
     pub epoch: u32,
-    pub done: bool,
-    /// Network: the token of the message carrying it.
-    pub token: u64,
-    /// Network RDMA read: the request's message number and the local buffers.
-    pub read: Option<(u32, Segs)>,
     /// `VIP_STATUS_OP_*` bits.
     pub op: u32,
     pub length: u32,
+    pub done: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<SendItem>() <= 48, "a send item grew past 48 bytes");
+
+/// A network RDMA operation waiting for its target's answer: a read, or
+/// a write where the target places after it acknowledges.
+pub(crate) struct Answer {
+    /// The request's message number, which the answer names.
+    pub msg: u32,
+    /// RDMA read: the local buffers the answer's bytes land in.
+    pub segs: Segs,
     /// Unreliable RDMA write sent but not answered: completes by this time
     /// even if the answer was lost.
     pub give_up: Option<std::time::Instant>,
@@ -316,6 +335,8 @@ pub struct Vi {
     /// Shared memory: RDMA reads through the ring in flight plus answers
     /// owed (`ring_read`), readable without the queue locks.
     pub(crate) ring_work: AtomicUsize,
+    /// Its row of the NIC's counters, which both queues' `tally` add to.
+    row: RowLease,
 }
 
 thread_local! {
@@ -359,6 +380,7 @@ impl Vi {
             return Err(ViaError::Resource);
         }
         crate::queue_lock::prepare();
+        let row = nic.counters.row();
         let inserted = nic.provider.vis.insert(|handle| {
             Arc::new(Vi {
                 handle,
@@ -368,8 +390,8 @@ impl Vi {
                 attrs: AttrCell::new(&attrs),
                 ptag_id: AtomicU32::new(tag.id),
                 state: AtomicU8::new(ViState::Idle as u8),
-                recv: QueueMutex::new(RecvQueue { tally: nic.counters.row(), ..Default::default() }),
-                send: QueueMutex::new(SendQueue { tally: nic.counters.row(), ..Default::default() }),
+                recv: QueueMutex::new(RecvQueue { tally: row.view(RECV_COLUMNS), ..Default::default() }),
+                send: QueueMutex::new(SendQueue { tally: row.view(SEND_COLUMNS), ..Default::default() }),
                 link_kind: AtomicU8::new(LinkKind::Unlinked as u8),
                 hot: HotLines::default(),
                 lane: AtomicU64::new(0),
@@ -379,14 +401,14 @@ impl Vi {
                 destroyed: Default::default(),
                 doorbell: ViDoorbell::default(),
                 ring_work: AtomicUsize::new(0),
+                row,
             })
         });
         let Some((handle, vi)) = inserted else {
             nic.vi_count.fetch_sub(1, Ordering::AcqRel);
             return Err(ViaError::Resource);
         };
-        vi.hot.set(Fixed::SendRow, vi.send.lock().tally.line());
-        vi.hot.set(Fixed::RecvRow, vi.recv.lock().tally.line());
+        vi.hot.set(Fixed::Row, vi.row.line());
         if let Some(engine) = &nic.send_engine {
             engine.attach(Arc::downgrade(&vi) as std::sync::Weak<dyn Ringer>);
         }
@@ -786,6 +808,7 @@ impl Vi {
             let bits = if flushed { STATUS_DESC_FLUSHED_ERROR } else { error };
             // Completes in order: at once if nothing is pending ahead of it.
             q.items.push_back(RecvItem { desc, mem, epoch, segs, total, seq: None, done: false, error: bits });
+            q.failed += 1;
             self.settle(&mut q);
             drop(q);
             self.bump();
@@ -807,6 +830,9 @@ impl Vi {
 
     /// Completes failed descriptors that have reached the head of the pending part.
     pub(crate) fn settle(&self, q: &mut RecvQueue) {
+        if q.failed == 0 {
+            return;
+        }
         while let Some(item) = q.items.get_mut(q.done) {
             if item.error == 0 {
                 break;
@@ -815,6 +841,7 @@ impl Vi {
             let status = STATUS_OP_RECEIVE | item.error;
             item.finish(&self.nic.registry, status, 0, None);
             q.done += 1;
+            q.failed -= 1;
             self.push_cq(true);
         }
     }
@@ -844,6 +871,7 @@ impl Vi {
             n += 1;
         }
         q.done = q.items.len();
+        q.failed = 0;
         for _ in 0..n {
             self.push_cq(true);
         }
@@ -994,7 +1022,7 @@ impl Vi {
     /// unlocks the queue; the send CQ hears of each completion.
     pub(crate) fn queue_completed_send(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
         // Complete already: `epoch` is never asked.
-        let item = SendItem { desc, mem, epoch: 0, done: true, token: 0, read: None, op: 0, length: 0, give_up: None };
+        let item = SendItem { desc, token: 0, answer: None, mem, epoch: 0, op: 0, length: 0, done: true };
         q.items.push_back(item);
         let completed = q.advance();
         self.note_send_back(&q);

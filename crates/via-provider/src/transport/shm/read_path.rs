@@ -76,14 +76,13 @@ impl Vi {
                     count_work(self, 1);
                     let item = SendItem {
                         desc,
+                        token: id,
+                        answer: None,
                         mem,
                         epoch,
-                        done: false,
-                        token: id,
-                        read: None,
                         op: STATUS_OP_RDMA_READ,
                         length: total,
-                        give_up: None,
+                        done: false,
                     };
                     q.items.push_back(item);
                     None

@@ -7,8 +7,8 @@ use crate::queue_lock::QueueGuard;
 use crate::transport::udp::{scatter, Gather, NetEvent, NetEvents, NetLink, NetReceiver, Registered, RegistryOwner};
 use crate::transport::Ending;
 use crate::vi::{
-    reliable, Break, Inbound, InboundWrite, Link, RecvQueue, SendItem, SendQueue, Transport, Vi, ViAttrs, ViState,
-    WorkQueue,
+    reliable, Answer, Break, Inbound, InboundWrite, Link, RecvQueue, SendItem, SendQueue, Transport, Vi, ViAttrs,
+    ViState, WorkQueue,
 };
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -237,8 +237,7 @@ impl Vi {
             Err(bits) => {
                 let op = desc.op_status_bits();
                 desc.complete(op | bits, 0, None);
-                let item =
-                    SendItem { desc, mem, epoch, done: true, token: 0, read: None, op, length: 0, give_up: None };
+                let item = SendItem { desc, token: 0, answer: None, mem, epoch, op, length: 0, done: true };
                 q.items.push_back(item);
                 if reliable(attrs.reliability) {
                     st.session.close(error_code::CONN_LOST);
@@ -273,11 +272,10 @@ impl Vi {
                     st.remember_registered(gather, Registered { epoch, ptag: rules.ptag, handles })
                 };
                 let sent = st.session.send(OutMessage { kind, len, imm: wr.immediate, token });
-                let mut item =
-                    SendItem { desc, mem, epoch, done: false, token, read: None, op, length: total, give_up: None };
+                let mut item = SendItem { desc, token, answer: None, mem, epoch, op, length: total, done: false };
                 match sent {
                     Ok(msg) => {
-                        item.read = read.map(|segs| (msg, segs));
+                        item.answer = read.map(|segs| Box::new(Answer { msg, segs, give_up: None }));
                         // The queue's own row: plain adds, no atomics.
                         let c = &mut q.tally;
                         match wr.op {
@@ -356,7 +354,7 @@ impl Vi {
         let mut s = self.send.lock();
         let mut next: Option<std::time::Instant> = None;
         for item in s.items.iter_mut().filter(|i| !i.done) {
-            match item.give_up {
+            match item.answer.as_ref().and_then(|a| a.give_up) {
                 Some(t) if t <= now => {
                     let (status, length) = (item.op, item.length);
                     item.finish(&self.nic.registry, status, length);
@@ -392,13 +390,15 @@ impl Vi {
                 match event {
                     NetEvent::Sent { token } => {
                         if let Some(item) = s.items.iter_mut().find(|i| !i.done && i.token == token) {
-                            if item.read.is_none() {
+                            if let Some(answer) = &mut item.answer {
+                                if !reliable && item.op == STATUS_OP_RDMA_WRITE {
+                                    // The answer may be lost on an unreliable VI: do not wait for ever.
+                                    answer.give_up = Some(crate::clock::now() + UNANSWERED_WRITE);
+                                    f.deadline = answer.give_up;
+                                }
+                            } else {
                                 let (status, length) = (item.op, item.length);
                                 item.finish(rules.registry, status, length);
-                            } else if !reliable && item.op == STATUS_OP_RDMA_WRITE {
-                                // The answer may be lost on an unreliable VI: do not wait for ever.
-                                item.give_up = Some(crate::clock::now() + UNANSWERED_WRITE);
-                                f.deadline = item.give_up;
                             }
                         }
                     }
@@ -514,7 +514,7 @@ impl Vi {
                                 let found = s
                                     .items
                                     .iter_mut()
-                                    .find(|i| !i.done && i.read.as_ref().is_some_and(|(m, _)| *m == request));
+                                    .find(|i| !i.done && i.answer.as_ref().is_some_and(|a| a.msg == request));
                                 if let Some(item) = found {
                                     if status != 0 {
                                         item.finish(rules.registry, item.op | STATUS_RDMA_PROT_ERROR, 0);
@@ -531,7 +531,7 @@ impl Vi {
                                         let (status, length) = (item.op, item.length);
                                         item.finish(rules.registry, status, length);
                                     } else {
-                                        let segs = &item.read.as_ref().expect("read").1;
+                                        let segs = &item.answer.as_ref().expect("awaits its answer").segs;
                                         // The local buffers may have been
                                         // deregistered (and unmapped) since
                                         // the read was posted: then no byte
