@@ -2,10 +2,16 @@
 //! each direction, a [`Ring`] and the [`RecvCache`] of that direction's
 //! receiver.
 //!
-//! Layout: a 4 KiB header (version, one `closed` flag and one `copying`
-//! count per side, and per side the line of counters it writes as
-//! messages move), then the A->B block and the B->A block, each a ring
-//! followed by the receive-queue cache published by the ring's consumer.
+//! Layout: a header (version, one `closed` flag and one `copying` count
+//! per side, and per side the line of counters it writes as messages
+//! move), then the hot parts of the two rings and of the two receive
+//! caches (a ring's control block and its hot slots' heads, a cache's hot
+//! entries' heads), all in the first three pages: a connection whose
+//! consumers keep up touches only these (and the payload lines of
+//! messages longer than a head holds), so at a thousand connections each
+//! costs three entries of the TLB, not five.  Then the rest of the A->B
+//! block and of the B->A block, each a ring's lap and bodies followed by
+//! those of the receive-queue cache published by the ring's consumer.
 //!
 //! # Fences
 //!
@@ -25,27 +31,49 @@ use std::time::{Duration, Instant};
 #[cfg(test)]
 use crate::layout::HOT;
 use crate::layout::{align_up, at, CacheLine, Counters};
-use crate::recv::CACHE_BYTES;
 #[cfg(test)]
 use crate::recv::HEAD_BYTES as ENTRY_HEAD_BYTES;
 pub use crate::recv::{RecvCache, RecvEntry, RecvSeg, MAX_SEGS, RECV_ENTRIES};
+use crate::recv::{CACHE_HOT_BYTES, CACHE_REST_BYTES};
 #[cfg(test)]
 use crate::ring::HEAD_BYTES;
-use crate::ring::RING_BYTES;
 pub use crate::ring::{
     Ring, SlotHeader, INLINE_MAX, RING_SLOTS, SLOT_BYTES, SLOT_ERROR, SLOT_RDMA_WRITE_IMM, SLOT_SEND,
 };
+use crate::ring::{RING_HOT_BYTES, RING_REST_BYTES};
 use crate::{SharedRegion, ShmError};
 
 /// Layout version stored in the header by the first side to attach; a
 /// new layout takes a new version, so that processes of two layouts (two
 /// builds of openvia) refuse each other's segment instead of misreading it.
-pub const CONN_VERSION: u32 = 4;
+pub const CONN_VERSION: u32 = 5;
 
-const HEADER_BYTES: usize = 4096;
-const DIR_BYTES: usize = align_up(RING_BYTES + CACHE_BYTES, 64);
+/// Where the hot parts start: after the header's lines.  Each part
+/// starts a pair of lines (see [`LinePair`]).
+const HOT_AT: usize = align_up(std::mem::size_of::<ConnHeader>(), 128);
+/// The hot part of the ring of direction `d` (0: A->B, 1: B->A).
+const fn ring_hot(d: usize) -> usize {
+    HOT_AT + d * align_up(RING_HOT_BYTES, 128)
+}
+/// The hot part of the receive cache of direction `d`.
+const fn cache_hot(d: usize) -> usize {
+    ring_hot(2) + d * align_up(CACHE_HOT_BYTES, 128)
+}
+/// The header and the hot parts, in whole pages.
+const HEADER_BYTES: usize = align_up(cache_hot(2), 4096);
+const DIR_BYTES: usize = align_up(RING_REST_BYTES + CACHE_REST_BYTES, 64);
+/// The rest of the ring of direction `d`.
+const fn ring_rest(d: usize) -> usize {
+    HEADER_BYTES + d * DIR_BYTES
+}
+/// The rest of the receive cache of direction `d`.
+const fn cache_rest(d: usize) -> usize {
+    ring_rest(d) + RING_REST_BYTES
+}
 /// Size of a connection segment.
 pub const CONN_SEGMENT_BYTES: usize = align_up(HEADER_BYTES + 2 * DIR_BYTES, 4096);
+
+const _: () = assert!(cache_hot(2) <= 3 * 4096, "the hot parts fit in three pages");
 
 #[repr(C)]
 struct ConnHeader {
@@ -54,8 +82,14 @@ struct ConnHeader {
     /// Copies a side has under way into or out of the other side's memory.
     copying: [CacheLine<AtomicU32>; 2],
     /// Per side, the counters it writes as messages move.
-    counters: [CacheLine<SideCounters>; 2],
+    counters: [LinePair<SideCounters>; 2],
 }
+
+/// A value alone in an aligned pair of cache lines: a CPU that fetches
+/// lines in pairs (the adjacent-line prefetcher) brings no word of the
+/// other side with it.  For the lines that move with every message.
+#[repr(C, align(128))]
+struct LinePair<T>(T);
 
 /// The shared counters one side writes, together in one line: a message
 /// moves this line on each side instead of four.  The peer reads them
@@ -72,8 +106,6 @@ struct SideCounters {
     /// `taken` of the peer's receive cache.
     taken: AtomicU64,
 }
-
-const _: () = assert!(std::mem::size_of::<ConnHeader>() <= HEADER_BYTES);
 
 /// The two ends of a connection, owning mirror-image halves of the segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,20 +159,20 @@ impl ConnSegment {
         }
         let (out, inn) = (side.index(), side.peer().index());
         let (mine, theirs) = (&hdr.counters[out].0, &hdr.counters[inn].0);
-        // SAFETY: both direction blocks lie inside the region (checked above),
-        // are 64-byte aligned and live as long as `region`, owned by self;
-        // so do the header's counters.
+        // SAFETY: every part lies inside the region (checked above), apart
+        // from the others, 64-byte aligned, and lives as long as `region`,
+        // owned by self; so do the header's counters.
         unsafe {
-            let dir = |d: usize| base.add(HEADER_BYTES + d * DIR_BYTES);
+            let ring = |d: usize| (base.add(ring_hot(d)), base.add(ring_rest(d)));
+            let cache = |d: usize| (base.add(cache_hot(d)), base.add(cache_rest(d)));
+            let ((tx_hot, tx_rest), (rx_hot, rx_rest)) = (ring(out), ring(inn));
+            // A direction's cache is published by the ring's consumer.
+            let ((mine_hot, mine_rest), (peers_hot, peers_rest)) = (cache(inn), cache(out));
             Ok(ConnSegment {
-                tx: Ring::new(dir(out), true, Counters::new(&mine.sent, &theirs.received)),
-                rx: Ring::new(dir(inn), false, Counters::new(&theirs.sent, &mine.received)),
-                my_recvs: RecvCache::new(dir(inn).add(RING_BYTES), true, Counters::new(&mine.published, &theirs.taken)),
-                peer_recvs: RecvCache::new(
-                    dir(out).add(RING_BYTES),
-                    false,
-                    Counters::new(&theirs.published, &mine.taken),
-                ),
+                tx: Ring::new(tx_hot, tx_rest, true, Counters::new(&mine.sent, &theirs.received)),
+                rx: Ring::new(rx_hot, rx_rest, false, Counters::new(&theirs.sent, &mine.received)),
+                my_recvs: RecvCache::new(mine_hot, mine_rest, true, Counters::new(&mine.published, &theirs.taken)),
+                peer_recvs: RecvCache::new(peers_hot, peers_rest, false, Counters::new(&theirs.published, &mine.taken)),
                 side,
                 region,
             })
@@ -162,7 +194,7 @@ impl ConnSegment {
     /// for a caller to prefetch before a message: at a thousand
     /// connections they are out of the caches.
     pub fn control_lines(&self) -> [*const u8; 3] {
-        let counters = &*self.header().counters[self.side.index()] as *const SideCounters as *const u8;
+        let counters = &self.header().counters[self.side.index()].0 as *const SideCounters as *const u8;
         [counters, self.tx.control_line(), self.rx.control_line()]
     }
 
@@ -317,7 +349,7 @@ mod tests {
 
     /// Where `side`'s counter `i` (sent, received, published, taken) is.
     fn counter(side: Side, i: usize) -> usize {
-        320 + side.index() * 64 + i * 8
+        384 + side.index() * 128 + i * 8
     }
 
     /// The shared word at `offset` in the segment.
@@ -392,16 +424,15 @@ mod tests {
     #[test]
     fn small_messages_and_receives_touch_only_heads() {
         let (a, b) = pair();
-        // A's ring to B is the first after the segment's header, B's
-        // receive cache after it; the bodies of each follow the heads of
-        // every slot or entry (and the ring's control block).
-        let slot_bodies = HEADER_BYTES + RING_CTL + (HOT + RING_SLOTS) * HEAD_BYTES;
-        let entry_bodies = HEADER_BYTES + RING_BYTES + (HOT + RECV_ENTRIES) * ENTRY_HEAD_BYTES;
+        // A's ring to B is direction 0, and so is B's receive cache; the
+        // bodies of each follow the heads of its lap.
+        let slot_bodies = ring_rest(0) + RING_SLOTS * HEAD_BYTES;
+        let entry_bodies = cache_rest(0) + RECV_ENTRIES * ENTRY_HEAD_BYTES;
         let written = |from: usize, to: usize| {
             (from..to).step_by(8).filter(|&at| word::<AtomicU64>(&b, at).load(Acquire) != 0).count()
         };
-        let slot_body_words = || written(slot_bodies, HEADER_BYTES + RING_BYTES);
-        let entry_body_words = || written(entry_bodies, HEADER_BYTES + RING_BYTES + CACHE_BYTES);
+        let slot_body_words = || written(slot_bodies, ring_rest(0) + RING_REST_BYTES);
+        let entry_body_words = || written(entry_bodies, cache_rest(0) + CACHE_REST_BYTES);
         let segs = |n: u64| (1..=n).map(|i| RecvSeg { addr: i, len: 1, handle: 1 }).collect::<Vec<_>>();
         for i in 0..3 * RING_SLOTS as u64 {
             b.my_recvs().publish(segs(3)).unwrap();
@@ -436,7 +467,7 @@ mod tests {
         assert_eq!([1, 2].map(|i| count(Side::A, i)), [0, 0]);
         assert_eq!([0, 3].map(|i| count(Side::B, i)), [0, 0]);
         // The ring's control block (no sleeper, nothing lapped) is untouched.
-        let ctl_words = (HEADER_BYTES..HEADER_BYTES + RING_CTL).step_by(8);
+        let ctl_words = (ring_hot(0)..ring_hot(0) + RING_CTL).step_by(8);
         assert!(ctl_words.into_iter().all(|at| word::<AtomicU64>(&a, at).load(Acquire) == 0));
         // What a side prefetches: its counters' line first.
         assert_eq!(a.control_lines()[0] as usize - a.region().as_ptr() as usize, counter(Side::A, 0));
@@ -480,7 +511,7 @@ mod tests {
         // `lapped` in its control block, then hot slot 0, with inline_len
         // at 24 and the stamp at 40.
         let (head, tail) = (counter(Side::A, 0), counter(Side::B, 1));
-        let (lapped, slot0) = (HEADER_BYTES + 128, HEADER_BYTES + RING_CTL);
+        let (lapped, slot0) = (ring_hot(0) + 128, ring_hot(0) + RING_CTL);
         // A stamp that is no message's is not a message.
         word::<AtomicU64>(&a, slot0 + 40).store(77, Release);
         assert!(b.rx().peek().unwrap().is_none());
@@ -528,12 +559,11 @@ mod tests {
                 assert_eq!(a.peer_recvs().take().unwrap().unwrap().segs()[0].addr, i);
             }
         }
-        let ring_lap = HEADER_BYTES + RING_CTL + HOT * HEAD_BYTES;
-        let cache_lap = HEADER_BYTES + DIR_BYTES + RING_BYTES + HOT * ENTRY_HEAD_BYTES;
-        for i in 0..RING_SLOTS {
-            assert_eq!(word::<AtomicU64>(&a, ring_lap + i * HEAD_BYTES + 40).load(Acquire), 0);
-            assert_eq!(word::<AtomicU64>(&a, cache_lap + i * ENTRY_HEAD_BYTES).load(Acquire), 0);
-        }
+        // Nothing past the header's pages, which hold the hot parts: no
+        // lap, no body, in either direction.
+        let past_header = (HEADER_BYTES..CONN_SEGMENT_BYTES).step_by(8);
+        assert_eq!(past_header.filter(|&at| word::<AtomicU64>(&a, at).load(Acquire) != 0).count(), 0);
+        assert_eq!(HEADER_BYTES, 3 * 4096);
         // A consumer further behind finds the rest in the lap.
         for i in 0..HOT as u64 + 5 {
             a.tx().push(&hdr(SLOT_SEND, i), &[]).unwrap();
@@ -575,7 +605,7 @@ mod tests {
         a.my_recvs().publish([RecvSeg { addr: 1, len: 2, handle: 0 }]).unwrap();
         // A's receives are the cache after the B->A ring, entry 0 first:
         // seq u64, then nsegs u32.  Its `published` is A's counter.
-        let cache = HEADER_BYTES + DIR_BYTES + RING_BYTES;
+        let cache = cache_hot(1);
         let (seq, nsegs, published) = (cache, cache + 8, counter(Side::A, 2));
         word::<AtomicU32>(&a, nsegs).store(MAX_SEGS as u32 + 1, Release);
         assert!(corrupt(b.peer_recvs().take()));

@@ -90,12 +90,15 @@ pub(crate) const HEAD_BYTES: usize = size_of::<RawHead>();
 const BODY_BYTES: usize = align_up(size_of::<RawBody>(), 64);
 /// Entries of a cache: the hot ones, then the lap ([`Place::index`]).
 const ENTRIES: usize = HOT + RECV_ENTRIES;
-/// Where the bodies start: after every entry's head.
-const BODIES: usize = ENTRIES * HEAD_BYTES;
-/// Bytes of one cache in a segment: the heads of the hot entries and of
-/// the lap, then their bodies in the same order.  (Its two counters are
-/// in the segment's header, `layout::Counters`.)
-pub(crate) const CACHE_BYTES: usize = BODIES + ENTRIES * BODY_BYTES;
+/// Bytes of a cache's hot part, which a connection keeps with the other
+/// hot parts in the first pages of its segment: the hot entries' heads.
+pub(crate) const CACHE_HOT_BYTES: usize = HOT * HEAD_BYTES;
+/// Where the bodies start in the rest: after the lap's heads.
+const BODIES: usize = RECV_ENTRIES * HEAD_BYTES;
+/// Bytes of the rest of a cache: the heads of the lap, then every entry's
+/// body, the hot ones first.  (Its two counters are in the segment's
+/// header, `layout::Counters`.)
+pub(crate) const CACHE_REST_BYTES: usize = BODIES + ENTRIES * BODY_BYTES;
 
 const _: () = assert!(RECV_ENTRIES.is_power_of_two());
 const _: () = assert!(HEAD_BYTES == 64);
@@ -103,7 +106,10 @@ const _: () = assert!(HEAD_BYTES == 64);
 /// One receive-queue cache.  The publisher serializes `publish`; the taker
 /// serializes `take`.
 pub struct RecvCache {
-    base: NonNull<u8>,
+    /// The hot part (`CACHE_HOT_BYTES`).
+    hot: NonNull<u8>,
+    /// The rest (`CACHE_REST_BYTES`).
+    rest: NonNull<u8>,
     publisher: bool,
     /// The shared `published` (produced) and `taken` (consumed).
     counters: Counters,
@@ -117,19 +123,21 @@ pub struct RecvCache {
     consumed: Consumed,
 }
 
-// SAFETY: `base` points into a mapping owned by the ConnSegment that owns
-// this cache; shared words are atomics and entries are volatile copies.
+// SAFETY: `hot` and `rest` point into a mapping owned by the ConnSegment
+// that owns this cache; shared words are atomics and entries are volatile copies.
 unsafe impl Send for RecvCache {}
 // SAFETY: as above.
 unsafe impl Sync for RecvCache {}
 
 impl RecvCache {
     /// # Safety
-    /// `base` must point to `CACHE_BYTES` of a mapping, 64-byte aligned, that
-    /// outlives the cache, as must the words of `counters`.
-    pub(crate) unsafe fn new(base: *mut u8, publisher: bool, counters: Counters) -> RecvCache {
+    /// `hot` must point to `CACHE_HOT_BYTES` and `rest` to
+    /// `CACHE_REST_BYTES` of a mapping, 64-byte aligned, apart, that
+    /// outlive the cache, as must the words of `counters`.
+    pub(crate) unsafe fn new(hot: *mut u8, rest: *mut u8, publisher: bool, counters: Counters) -> RecvCache {
         RecvCache {
-            base: NonNull::new_unchecked(base),
+            hot: NonNull::new_unchecked(hot),
+            rest: NonNull::new_unchecked(rest),
             publisher,
             counters,
             published: AtomicU64::new(0),
@@ -141,8 +149,15 @@ impl RecvCache {
 
     /// The head of the entry at `index` ([`Place::index`]).
     fn head(&self, index: usize) -> *mut RawHead {
-        // SAFETY: index < ENTRIES: a head inside the cache.
-        unsafe { self.base.as_ptr().add(index.min(ENTRIES - 1) * HEAD_BYTES).cast() }
+        let index = index.min(ENTRIES - 1);
+        // SAFETY: a hot entry's head is in the hot part, a lap entry's
+        // (index - HOT < RECV_ENTRIES) at the start of the rest.
+        unsafe {
+            match index < HOT {
+                true => self.hot.as_ptr().add(index * HEAD_BYTES).cast(),
+                false => self.rest.as_ptr().add((index - HOT) * HEAD_BYTES).cast(),
+            }
+        }
     }
 
     /// Segment `i` (< `MAX_SEGS`) of the entry at `index`: in its head or
@@ -156,7 +171,7 @@ impl RecvCache {
         // SAFETY: index < ENTRIES: a body after the heads; i - HEAD_SEGS <
         // MAX_SEGS - HEAD_SEGS indexes its segments.
         unsafe {
-            let body: *mut RawBody = self.base.as_ptr().add(BODIES + index.min(ENTRIES - 1) * BODY_BYTES).cast();
+            let body: *mut RawBody = self.rest.as_ptr().add(BODIES + index.min(ENTRIES - 1) * BODY_BYTES).cast();
             addr_of_mut!((*body)[i - HEAD_SEGS])
         }
     }

@@ -127,21 +127,28 @@ struct RingCtl {
 const CTL_BYTES: usize = size_of::<RingCtl>();
 /// Slots of a ring: the hot ones, then the lap ([`Place::index`]).
 const SLOTS: usize = HOT + RING_SLOTS;
-/// Where the bodies start: after the control block and every slot's head.
-const BODIES: usize = CTL_BYTES + SLOTS * HEAD_BYTES;
-/// Bytes of one ring in a segment: the control block, the heads of the hot
-/// slots and of the lap, then their bodies in the same order.
-pub(crate) const RING_BYTES: usize = BODIES + SLOTS * BODY_BYTES;
+/// Bytes of a ring's hot part, which a connection keeps with the other
+/// hot parts in the first pages of its segment: the control block and
+/// the hot slots' heads.
+pub(crate) const RING_HOT_BYTES: usize = CTL_BYTES + HOT * HEAD_BYTES;
+/// Where the bodies start in the rest: after the lap's heads.
+const BODIES: usize = RING_SLOTS * HEAD_BYTES;
+/// Bytes of the rest of a ring: the lap's heads, then every slot's body,
+/// the hot ones first.
+pub(crate) const RING_REST_BYTES: usize = BODIES + SLOTS * BODY_BYTES;
 
 const _: () = assert!(RING_SLOTS.is_power_of_two());
-const _: () = assert!(BODIES.is_multiple_of(64) && BODY_BYTES.is_multiple_of(64));
+const _: () = assert!(RING_HOT_BYTES.is_multiple_of(64) && BODIES.is_multiple_of(64) && BODY_BYTES.is_multiple_of(64));
 const _: () = assert!(HEAD_PAYLOAD + BODY_BYTES >= INLINE_MAX);
 const _: () = assert!(size_of::<SlotHeader>() <= STAMP_OFFSET && STAMP_OFFSET + 8 == SLOT_HEADER_BYTES);
 
 /// One direction of a connection.  Callers serialize the producer side
 /// (`push`) and the consumer side (`peek`, `read_payload`, `pop`).
 pub struct Ring {
-    base: NonNull<u8>,
+    /// The hot part (`RING_HOT_BYTES`).
+    hot: NonNull<u8>,
+    /// The rest (`RING_REST_BYTES`).
+    rest: NonNull<u8>,
     producer: bool,
     /// The shared head (produced) and tail (consumed).
     counters: Counters,
@@ -157,8 +164,8 @@ pub struct Ring {
     peeked_at: AtomicU32,
 }
 
-// SAFETY: `base` points into a mapping owned by the ConnSegment that owns
-// this ring; shared words are atomics and payloads are raw copies.
+// SAFETY: `hot` and `rest` point into a mapping owned by the ConnSegment
+// that owns this ring; shared words are atomics and payloads are raw copies.
 unsafe impl Send for Ring {}
 // SAFETY: as above.
 unsafe impl Sync for Ring {}
@@ -213,11 +220,13 @@ impl SlotPayload {
 
 impl Ring {
     /// # Safety
-    /// `base` must point to `RING_BYTES` of a mapping, 64-byte aligned, that
-    /// outlives the ring, as must the words of `counters`.
-    pub(crate) unsafe fn new(base: *mut u8, producer: bool, counters: Counters) -> Ring {
+    /// `hot` must point to `RING_HOT_BYTES` and `rest` to `RING_REST_BYTES`
+    /// of a mapping, 64-byte aligned, apart, that outlive the ring, as must
+    /// the words of `counters`.
+    pub(crate) unsafe fn new(hot: *mut u8, rest: *mut u8, producer: bool, counters: Counters) -> Ring {
         Ring {
-            base: NonNull::new_unchecked(base),
+            hot: NonNull::new_unchecked(hot),
+            rest: NonNull::new_unchecked(rest),
             producer,
             counters,
             head: AtomicU64::new(0),
@@ -229,20 +238,27 @@ impl Ring {
     }
 
     fn ctl(&self) -> &RingCtl {
-        // SAFETY: the control block is at the start of the ring (see `new`).
-        unsafe { at(self.base.as_ptr(), 0) }
+        // SAFETY: the control block is at the start of the hot part (see `new`).
+        unsafe { at(self.hot.as_ptr(), 0) }
     }
 
     /// The head of the slot at `index` ([`Place::index`], clamped).
     fn head_at(&self, index: usize) -> *mut u8 {
-        // SAFETY: index < SLOTS: a head after the control block.
-        unsafe { self.base.as_ptr().add(CTL_BYTES + index.min(SLOTS - 1) * HEAD_BYTES) }
+        let index = index.min(SLOTS - 1);
+        // SAFETY: a hot slot's head is after the control block, a lap
+        // slot's (index - HOT < RING_SLOTS) at the start of the rest.
+        unsafe {
+            match index < HOT {
+                true => self.hot.as_ptr().add(CTL_BYTES + index * HEAD_BYTES),
+                false => self.rest.as_ptr().add((index - HOT) * HEAD_BYTES),
+            }
+        }
     }
 
     /// The body of the slot at `index` ([`Place::index`], clamped).
     fn body_at(&self, index: usize) -> *mut u8 {
-        // SAFETY: index < SLOTS: a body after the heads.
-        unsafe { self.base.as_ptr().add(BODIES + index.min(SLOTS - 1) * BODY_BYTES) }
+        // SAFETY: index < SLOTS: a body after the lap's heads.
+        unsafe { self.rest.as_ptr().add(BODIES + index.min(SLOTS - 1) * BODY_BYTES) }
     }
 
     fn stamp(&self, place: Place) -> &AtomicU64 {
