@@ -330,6 +330,7 @@ test-bench:
 	@test -s $(BUILD)/bench/report.md && grep -q "viabench via-send" $(BUILD)/bench/report.md
 	@if grep -q "UDP path:" $(BUILD)/bench/report.md; then grep -q "viabench raw-ether" $(BUILD)/bench/report.md; fi
 	@grep -q "^## Connection set-up" $(BUILD)/bench/report.md
+	@grep -q "transparent huge pages for shared memory" $(BUILD)/bench/report.md
 
 # A smoke run of the papers' experiments (not a timed test): every experiment
 # runs reduced and the report is written, under build/.

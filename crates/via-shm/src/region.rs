@@ -150,11 +150,14 @@ impl SharedRegion {
         let (p, len) = (self.ptr.as_ptr().cast(), self.len);
         // SAFETY: advice on our own fresh mapping; neither call changes its
         // contents (MADV_POPULATE_WRITE faults pages in as writes would).
-        unsafe {
+        let populated = unsafe {
             let _ = mm::madvise(p, len, mm::Advice::LinuxHugepage);
-            if mm::madvise(p, len, mm::Advice::LinuxPopulateWrite).is_ok() {
-                return;
-            }
+            mm::madvise(p, len, mm::Advice::LinuxPopulateWrite)
+        };
+        // Other errors are left to the first touch, as MAP_POPULATE
+        // leaves them.
+        if populated != Err(rustix::io::Errno::INVAL) {
+            return;
         }
         // Kernels before 5.14: a read faults a shared page in, as
         // MAP_POPULATE would have.
