@@ -629,7 +629,9 @@ impl Vi {
         self.hot.recv_front.store(item, Ordering::Relaxed);
     }
 
-    /// Records where the send queue's next item goes, for the next prefetch.
+    /// Records where the send queue's next item goes, for the next
+    /// prefetch: after the last one, or at the start of an emptied queue's
+    /// buffer (`take_sent`); past the buffer's end where it wraps.
     fn note_send_back(&self, q: &SendQueue) {
         let (a, b) = q.items.as_slices();
         let back = if b.is_empty() { a.as_ptr_range().end } else { b.as_ptr_range().end };
@@ -1057,7 +1059,14 @@ impl Vi {
         }
         q.done -= 1;
         q.cq_seen = q.cq_seen.saturating_sub(1);
-        Some(q.items.pop_front().expect("done prefix").desc)
+        let desc = q.items.pop_front().expect("done prefix").desc;
+        if q.items.is_empty() && q.items.capacity() > 0 {
+            // Back to the buffer's start: in a ping-pong every send's item
+            // takes the same line, the one the hint names.
+            q.items.clear();
+            self.note_send_back(&q);
+        }
+        Some(desc)
     }
 
     /// `VipSendWait`.
