@@ -630,11 +630,17 @@ impl Vi {
     }
 
     /// Records where the send queue's next item goes, for the next
-    /// prefetch: after the last one, or at the start of an emptied queue's
-    /// buffer (`take_sent`); past the buffer's end where it wraps.
+    /// prefetch.  An application that takes its completed sends back
+    /// before it posts again (a ping-pong) empties the queue, which then
+    /// starts again at its buffer's start (`take_sent`): while every item
+    /// is complete that is where the first one lies; else after the last.
     fn note_send_back(&self, q: &SendQueue) {
         let (a, b) = q.items.as_slices();
-        let back = if b.is_empty() { a.as_ptr_range().end } else { b.as_ptr_range().end };
+        let back = match (q.done == q.items.len(), b.is_empty()) {
+            (true, _) => a.as_ptr(),
+            (false, true) => a.as_ptr_range().end,
+            (false, false) => b.as_ptr_range().end,
+        };
         self.hot.send_back.store(back as usize, Ordering::Relaxed);
     }
 
@@ -1064,7 +1070,6 @@ impl Vi {
             // Back to the buffer's start: in a ping-pong every send's item
             // takes the same line, the one the hint names.
             q.items.clear();
-            self.note_send_back(&q);
         }
         Some(desc)
     }
