@@ -603,7 +603,7 @@ mod tests {
     fn corrupt_recv_entries_are_errors() {
         let (a, b) = pair();
         a.my_recvs().publish([RecvSeg { addr: 1, len: 2, handle: 0 }]).unwrap();
-        // A's receives are the cache after the B->A ring, entry 0 first:
+        // A's receives are the cache of the B->A direction, hot entry 0 first:
         // seq u64, then nsegs u32.  Its `published` is A's counter.
         let cache = cache_hot(1);
         let (seq, nsegs, published) = (cache, cache + 8, counter(Side::A, 2));

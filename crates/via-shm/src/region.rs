@@ -247,7 +247,7 @@ mod tests {
             assert_eq!(fields["VmFlags"].split(' ').any(|f| f == "hg"), thp, "huge-page advice: {fields:?}");
             assert_eq!(fields["Rss"], format!("{} kB", len / 1024), "not populated: {fields:?}");
         }
-        // Small ones and read-only ones are mapped as before.
+        // A small one is mapped as before.
         let small = SharedRegion::create("small", 8192).unwrap();
         assert!(!smaps(small.as_ptr())["VmFlags"].split(' ').any(|f| f == "hg"));
         assert_eq!(smaps(small.as_ptr())["Rss"], "8 kB");
