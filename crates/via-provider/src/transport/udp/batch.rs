@@ -6,7 +6,7 @@
 //! (`recvmsg` with the bytes after the header at a given place).
 
 use std::os::fd::RawFd;
-use via_wire::{Packet, HEADER_LEN};
+use via_wire::{Packet, FLAG_LAST, HEADER_LEN};
 
 /// Receive buffer of a socket with `UDP_GRO`: the largest coalesced datagram.
 pub(crate) const GRO_BUFFER: usize = 65536;
@@ -200,6 +200,15 @@ impl Batch {
         let truncated = m.msg_flags & libc::MSG_TRUNC != 0;
         self.lens[i] = received_len(len, self.bufs[i].len(), truncated, segment);
         self.segments[i] = segment;
+    }
+
+    /// Whether buffer `i`'s last datagram says it is the last packet of a
+    /// message (only a hint: its header is not checked yet).
+    pub(crate) fn ends_message(&self, i: usize) -> bool {
+        let last = split(&self.bufs[i][..self.lens[i]], self.segments[i]).last().unwrap_or_default();
+        last.len() >= HEADER_LEN
+            && u16::from_be_bytes([last[0], last[1]]) == via_wire::MAGIC
+            && Packet::new_unchecked(&last[..HEADER_LEN]).flags() & FLAG_LAST != 0
     }
 
     /// The datagrams of the first `n` buffers, coalesced ones cut apart.
@@ -452,6 +461,49 @@ mod tests {
         let joined = [packet(6, 1472 * 2), packet(7, 1472), packet(8, 900)].concat();
         let pieces: Vec<usize> = split(&joined, 1472).map(<[u8]>::len).collect();
         assert_eq!(pieces, vec![1472 * 2, 1472, 900]);
+    }
+
+    /// A packet that ends a message is told apart by its last datagram's
+    /// flags, whether it came alone, large or coalesced with others.
+    #[test]
+    fn a_buffer_ends_a_message_when_its_last_datagram_says_so() {
+        let packet = |len: usize, flags: u16| {
+            let mut b = vec![7u8; len];
+            let mut p = Packet::new_unchecked(&mut b[..]);
+            p.set_magic(via_wire::MAGIC);
+            p.set_flags(flags);
+            p.set_payload_len((len - HEADER_LEN) as u16);
+            b
+        };
+        let datagrams = vec![packet(5000, 0), packet(5000, FLAG_LAST), packet(300, FLAG_LAST)];
+        let Some(Loopback { rx, tx: _, gro: _, mut batch, max_segment: _, sent: _ }) = Loopback::send(&datagrams)
+        else {
+            return;
+        };
+        let mut ends = Vec::new();
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while ends.len() < datagrams.len() && Instant::now() < deadline {
+            if batch.receive_one(rx.as_raw_fd()) {
+                ends.push(batch.ends_message(0));
+            }
+        }
+        assert_eq!(ends, vec![false, true, true]);
+        // Coalesced: the last datagram decides; junk and short buffers never do.
+        let mut b = Batch::new(1, GRO_BUFFER, true);
+        let joined = [packet(1472, FLAG_LAST), packet(900, 0)].concat();
+        b.bufs[0][..joined.len()].copy_from_slice(&joined);
+        (b.lens[0], b.segments[0]) = (joined.len(), 1472);
+        assert!(!b.ends_message(0));
+        let joined = [packet(1472, 0), packet(900, FLAG_LAST)].concat();
+        b.bufs[0][..joined.len()].copy_from_slice(&joined);
+        assert!(b.ends_message(0));
+        (b.lens[0], b.segments[0]) = (HEADER_LEN - 1, 0);
+        assert!(!b.ends_message(0));
+        b.bufs[0][..HEADER_LEN].fill(0xff);
+        (b.lens[0], b.segments[0]) = (HEADER_LEN, 0);
+        assert!(!b.ends_message(0), "no magic");
+        b.lens[0] = 0;
+        assert!(!b.ends_message(0));
     }
 
     /// `receive_beside` puts the bytes after a datagram's header at the

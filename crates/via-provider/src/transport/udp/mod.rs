@@ -710,7 +710,10 @@ impl NetPort {
                 return any;
             }
             self.received(input, fd, 1, arrivals);
-            if !input.batch.more_likely(0, HEADER_LEN + self.segment) {
+            // Nothing more is likely; or it ended a message, whose
+            // application may be waiting on it to answer: no look at the
+            // socket before it sees it.
+            if !input.batch.more_likely(0, HEADER_LEN + self.segment) || input.batch.ends_message(0) {
                 return true;
             }
             if input.landing.as_ref().is_some_and(|l| l.fd == fd) {
