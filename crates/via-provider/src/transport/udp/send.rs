@@ -12,6 +12,7 @@
 //! computed where it lies.
 
 use crate::transport::udp::{Gather, MAX_DATAGRAM};
+use smallvec::SmallVec;
 use std::os::fd::RawFd;
 use via_reliable::Transmit;
 use via_wire::HEADER_LEN;
@@ -183,7 +184,7 @@ impl<'a> Packets<'a> {
     /// Packet `i`'s bytes, gathered into one buffer.
     #[cfg(test)]
     pub(crate) fn bytes(&self, i: usize) -> Vec<u8> {
-        let mut iovecs = Vec::new();
+        let mut iovecs = Iovecs::new();
         self.iovecs(i, 1, &mut iovecs);
         let mut bytes = Vec::with_capacity(self.built[i].len);
         for v in iovecs {
@@ -198,7 +199,7 @@ impl<'a> Packets<'a> {
     /// Appends the iovecs of packets `i..i + count` to `out`: the bytes
     /// in the buffer as long runs, each payload sent in place after its
     /// header.
-    fn iovecs(&self, i: usize, count: usize, out: &mut Vec<libc::iovec>) {
+    fn iovecs(&self, i: usize, count: usize, out: &mut Iovecs) {
         let mut run = self.begin(i);
         for b in &self.built[i..i + count] {
             if b.first_piece == b.end_piece {
@@ -279,6 +280,14 @@ pub(crate) struct Sent {
     pub refused: Option<usize>,
 }
 
+/// Messages of one `sendmmsg` kept on the stack (more spill to the heap):
+/// a flush hands over at most a few large packets or GSO runs at a time.
+const MESSAGES: usize = 8;
+
+/// The iovecs of one `sendmmsg`: a header and a payload piece or two per
+/// packet of its runs, on the stack for the usual few.
+type Iovecs = SmallVec<[libc::iovec; 4 * MESSAGES]>;
+
 /// Sends `packets` to `addr` (`None`: the peer `fd` is connected to) on
 /// `fd` with `sendmmsg`, runs of them as GSO buffers of segments up to
 /// `max_segment` bytes (0: no GSO), and a packet longer than that as a GSO
@@ -297,9 +306,9 @@ pub(crate) fn send_groups(
         }
     }
     let groups = gso_groups(packets.lens(), max_segment);
-    let mut iov: Vec<libc::iovec> = Vec::with_capacity(groups.len());
-    let mut control: Vec<[u64; 3]> = vec![[0; 3]; groups.len()];
-    let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(groups.len());
+    let mut iov = Iovecs::new();
+    let mut control: SmallVec<[[u64; 3]; MESSAGES]> = smallvec::smallvec![[0; 3]; groups.len()];
+    let mut msgs: SmallVec<[libc::mmsghdr; MESSAGES]> = SmallVec::with_capacity(groups.len());
     for (g, ctrl) in groups.iter().zip(control.iter_mut()) {
         // SAFETY: a zeroed msghdr is valid; fields set below.
         let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -376,8 +385,8 @@ struct Group {
 /// first one's length (at most `max_segment` bytes, at most
 /// `GSO_MAX_SEGMENTS` of them, at most `GSO_MAX_BYTES` in all), closed by
 /// a shorter packet.  With `max_segment` 0, every packet is a run of its own.
-fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> Vec<Group> {
-    let mut groups: Vec<Group> = Vec::new();
+fn gso_groups(lens: impl Iterator<Item = usize>, max_segment: usize) -> SmallVec<[Group; MESSAGES]> {
+    let mut groups: SmallVec<[Group; MESSAGES]> = SmallVec::new();
     let mut total = 0;
     for (i, len) in lens.enumerate() {
         if let Some(g) = groups.last_mut() {
@@ -522,7 +531,7 @@ mod tests {
     /// The bytes of packets `i..i + count` as the kernel reads them from
     /// their iovecs.
     fn gathered(packets: Packets<'_>, i: usize, count: usize) -> Vec<u8> {
-        let mut iov = Vec::new();
+        let mut iov = Iovecs::new();
         packets.iovecs(i, count, &mut iov);
         // SAFETY: every iovec points into the packets' buffer or into the
         // test's payload, both alive.
