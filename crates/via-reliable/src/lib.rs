@@ -414,6 +414,21 @@ impl LastWord {
     }
 }
 
+/// The payload of each packet of a message of `total` bytes but its last,
+/// for packets of at most `max`: full packets, the rest in the last, but a
+/// message of two packets goes as halves (rounded up to 64 bytes).  The
+/// receiver's work on a first packet overlaps only the next one's sending:
+/// after a full packet a short tail would leave it to do nearly all of
+/// it once the sender is done (65,427 bytes then 109 for a 64 KiB
+/// message), halves leave half.  With more packets a short tail is best:
+/// the middle ones cover the receiver's work on those before.
+fn packet_payload(total: u32, max: u32) -> u32 {
+    if total <= max || total > 2 * max {
+        return max;
+    }
+    total.div_ceil(2).next_multiple_of(64).min(max)
+}
+
 /// Serial-number difference: positive when `a` is after `b`.
 fn diff(a: u32, b: u32) -> i32 {
     a.wrapping_sub(b) as i32
@@ -1014,7 +1029,7 @@ impl Session {
         let reliable = self.config.reliable;
         let m = &mut self.out[self.seg];
         let offset = m.next_offset;
-        let len = (m.msg.len - offset).min(max_payload);
+        let len = (m.msg.len - offset).min(packet_payload(m.msg.len, max_payload));
         let mut flags = 0;
         if offset == 0 {
             flags |= FLAG_FIRST;

@@ -146,6 +146,59 @@ fn timeouts_back_off_to_the_cap_then_break() {
     assert_eq!(a.send(msg(2, 1)), Err(SendError::Closed));
 }
 
+/// A message longer than a packet goes as full packets and the rest, but
+/// a message of two packets as halves (rounded up to 64 bytes); the
+/// packets cover the message in order and arrive as it.
+#[test]
+fn a_message_of_two_packets_goes_as_halves() {
+    let t0 = Instant::now();
+    let lens = |max: usize, len: u32| {
+        let config = Config { window: 64, max_payload: max, ..Config::default() };
+        let (mut a, mut b) = pair(config, t0);
+        a.send(msg(1, len)).unwrap();
+        let sent = data_packets(&drain(&mut a, t0));
+        let mut at = 0;
+        for t in &sent {
+            let p = t.payload.unwrap();
+            assert_eq!((p.offset, t.header.offset), (at, at));
+            at += p.len;
+            deliver(&mut b, t0, t);
+        }
+        assert_eq!(at, len);
+        let got: Vec<(u32, bool, usize)> = events(&mut b)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Segment { offset, last, data, .. } => Some((offset, last, data.len())),
+                _ => None,
+            })
+            .collect();
+        let want: Vec<(u32, bool, usize)> = sent
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.header.offset, i + 1 == sent.len(), t.payload.unwrap().len as usize))
+            .collect();
+        assert_eq!(got, want);
+        sent.iter().map(|t| t.payload.unwrap().len).collect::<Vec<u32>>()
+    };
+    // A large packet's payload: a 64 KiB GSO buffer less the headers.
+    let large = 65_427;
+    assert_eq!(lens(large, 65_427), [65_427]);
+    assert_eq!(lens(large, 65_536), [32_768, 32_768]);
+    assert_eq!(lens(large, 100_001), [50_048, 49_953]);
+    // Rounding up to 64 never passes the limit.
+    assert_eq!(lens(large, 2 * 65_427), [65_427, 65_427]);
+    assert_eq!(lens(large, 2 * 65_427 - 1), [65_427, 65_426]);
+    // Three packets or more: full ones, the rest last.
+    assert_eq!(lens(large, 2 * 65_427 + 1), [65_427, 65_427, 1]);
+    let mib = lens(large, 1 << 20);
+    assert_eq!(mib[..16], [65_427; 16]);
+    assert_eq!(mib[16..], [(1 << 20) - 16 * 65_427]);
+    // Packets of a datagram each, as without large packets.
+    assert_eq!(lens(1372, 2000), [1024, 976]);
+    assert_eq!(lens(1372, 4096), [1372, 1372, 1352]);
+    assert_eq!(lens(8, 9), [8, 1]);
+}
+
 #[test]
 fn the_window_limits_packets_in_flight() {
     let t0 = Instant::now();
