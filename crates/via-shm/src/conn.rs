@@ -9,7 +9,7 @@
 //! entries' heads), all in the first three pages: a connection whose
 //! consumers keep up touches only these (and the payload lines of
 //! messages longer than a head holds), so at a thousand connections each
-//! costs three entries of the TLB, not five.  Then the rest of the A->B
+//! costs three entries of the TLB.  Then the rest of the A->B
 //! block and of the B->A block, each a ring's lap and bodies followed by
 //! those of the receive-queue cache published by the ring's consumer.
 //!
