@@ -4,6 +4,7 @@
 
 use crate::tuning::tuning;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use via_core::consts::limits;
@@ -234,7 +235,7 @@ impl RowLease {
     /// counters cost a load and a store instead of an atomic
     /// read-modify-write.  Other counters go to the page's shared values.
     pub fn view(&self, columns: Columns) -> CounterRow {
-        CounterRow { page: self.page.clone(), row: self.row, columns }
+        CounterRow { page: self.page.clone(), values: self.line().cast(), columns }
     }
 
     /// Where the row is, for its owner to prefetch (null without one).
@@ -255,21 +256,35 @@ impl Drop for RowLease {
 }
 
 /// A work queue's view of its VI's row ([`RowLease::view`]).
-#[derive(Default)]
 pub(crate) struct CounterRow {
     page: Option<Arc<Page>>,
-    row: Option<u32>,
+    /// The row's first value, in `page`; null without a row.  Kept as an
+    /// address so that a message's counts cost no look-up of the row.
+    values: *const AtomicU64,
     columns: Columns,
+}
+
+// SAFETY: `values` points into the page that `page` keeps mapped; its
+// columns are written only through `&mut self`.
+unsafe impl Send for CounterRow {}
+unsafe impl Sync for CounterRow {}
+
+impl Default for CounterRow {
+    fn default() -> CounterRow {
+        CounterRow { page: None, values: std::ptr::null(), columns: Columns::default() }
+    }
 }
 
 impl CounterRow {
     /// Adds `n` to `c`.
     pub fn add(&mut self, c: Counter, n: u64) {
-        let Some(p) = &self.page else { return };
-        match self.row {
-            // SAFETY: the column is this view's alone while the row is leased.
-            Some(row) if self.columns.has(c) => unsafe { p.stats.add_to_row(row as usize, c as usize, n) },
-            _ => p.stats.add(c as usize, n),
+        if self.columns.has(c) && !self.values.is_null() {
+            // SAFETY: column `c` of the row lies in the page `page` holds,
+            // and only this view adds to it.
+            let v = unsafe { &*self.values.add(c as usize) };
+            v.store(v.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+        } else if let Some(p) = &self.page {
+            p.stats.add(c as usize, n);
         }
     }
 }

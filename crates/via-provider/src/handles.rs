@@ -44,13 +44,17 @@ pub(crate) struct ThreadCache<T> {
     table: Cell<u64>,
     /// The table's removal count when the cache was last emptied.
     epoch: Cell<u64>,
+    /// Calls of [`Table::with`] under way on this thread.  Each lends an
+    /// entry's object to its closure, so while any runs no entry is
+    /// replaced or dropped: the cache is only filled and emptied at zero.
+    lent: Cell<u32>,
     slots: RefCell<Vec<Option<Cached<T>>>>,
 }
 
 impl<T> ThreadCache<T> {
     /// An empty cache, for a `thread_local!`.
     pub(crate) const fn new() -> ThreadCache<T> {
-        ThreadCache { table: Cell::new(0), epoch: Cell::new(0), slots: RefCell::new(Vec::new()) }
+        ThreadCache { table: Cell::new(0), epoch: Cell::new(0), lent: Cell::new(0), slots: RefCell::new(Vec::new()) }
     }
 
     /// Drops every entry (outside the borrow: an object's drop may use a cache).
@@ -59,8 +63,13 @@ impl<T> ThreadCache<T> {
         drop(old);
     }
 
-    fn take(&self, index: usize) -> Option<Cached<T>> {
-        self.slots.borrow_mut().get_mut(index).and_then(Option::take)
+    /// The cached object of `handle` at `index`.  The pointer stays valid
+    /// while the cache is neither filled nor emptied.
+    fn find(&self, index: usize, handle: Handle) -> Option<*const Arc<T>> {
+        match self.slots.borrow().get(index) {
+            Some(Some((h, object))) if *h == handle => Some(object as *const Arc<T>),
+            _ => None,
+        }
     }
 
     fn put(&self, index: usize, entry: Cached<T>) {
@@ -72,6 +81,27 @@ impl<T> ThreadCache<T> {
             slots[index].replace(entry)
         };
         drop(old);
+    }
+
+    /// Runs `f` on the cached object `object` (from [`Self::find`]).
+    ///
+    /// # Safety
+    /// `object` came from `find` on this cache and nothing filled or
+    /// emptied the cache since.
+    unsafe fn lend<R>(&self, object: *const Arc<T>, f: impl FnOnce(&Arc<T>) -> R) -> R {
+        /// Ends the loan when `f` returns or unwinds.
+        struct Loan<'a>(&'a Cell<u32>);
+        impl Drop for Loan<'_> {
+            fn drop(&mut self) {
+                self.0.set(self.0.get() - 1);
+            }
+        }
+        self.lent.set(self.lent.get() + 1);
+        let _loan = Loan(&self.lent);
+        // SAFETY: while the loan lasts no entry is replaced or dropped
+        // (`put` and `empty` run only with no loan), so the entry's `Arc`
+        // outlives `f`.
+        f(unsafe { &*object })
     }
 }
 
@@ -168,21 +198,37 @@ impl<T> Table<T> {
         f: impl FnOnce(&Arc<T>) -> R,
     ) -> Option<R> {
         cache.with(|cache| {
+            let (index, _) = self.locate(handle)?;
             let removed = self.removed.load(Ordering::Acquire);
-            if cache.epoch.get() != removed || cache.table.get() != self.id {
+            let fresh = cache.epoch.get() == removed && cache.table.get() == self.id;
+            if cache.lent.get() > 0 {
+                // Inside another call's `f`: the cache serves what it holds
+                // if that is still fresh, and is left as it is.
+                if let Some(object) = cache.find(index, handle).filter(|_| fresh) {
+                    // SAFETY: found just now; nothing fills or empties the cache while lent.
+                    return Some(unsafe { cache.lend(object, f) });
+                }
+                return self.get(handle).map(|object| f(&object));
+            }
+            if !fresh {
                 cache.empty();
                 cache.epoch.set(removed);
                 cache.table.set(self.id);
             }
-            let (index, _) = self.locate(handle)?;
-            // Taken out while `f` runs: a nested call on it looks it up.
-            let object = match cache.take(index) {
-                Some((h, object)) if h == handle => object,
-                _ => self.get(handle)?,
+            let object = match cache.find(index, handle) {
+                Some(object) => object,
+                None => {
+                    let object = self.get(handle)?;
+                    cache.put(index, (handle, object.clone()));
+                    // The replaced entry's drop may have used the cache.
+                    match cache.find(index, handle) {
+                        Some(cached) => cached,
+                        None => return Some(f(&object)),
+                    }
+                }
             };
-            let result = f(&object);
-            cache.put(index, (handle, object));
-            Some(result)
+            // SAFETY: found just now, and nothing filled or emptied the cache since.
+            Some(unsafe { cache.lend(object, f) })
         })
     }
 
@@ -289,5 +335,38 @@ mod tests {
             removed.wait();
         });
         assert_eq!(Arc::strong_count(&third), 1);
+    }
+
+    #[test]
+    fn an_object_lent_to_a_call_outlives_what_the_call_does() {
+        let table: Table<u32> = Table::new(Kind::Vi, 8);
+        let (a, first) = table.insert(|_| Arc::new(1)).unwrap();
+        let (b, _) = table.insert(|_| Arc::new(2)).unwrap();
+        let (c, _) = table.insert(|_| Arc::new(3)).unwrap();
+        assert_eq!(table.with(&CACHE, a, |o| **o), Some(1));
+        let seen = table.with(&CACHE, a, |o| {
+            // Nested calls: the same handle and one the cache has not met.
+            assert_eq!(table.with(&CACHE, a, |inner| **inner), Some(1));
+            assert_eq!(table.with(&CACHE, c, |inner| **inner), Some(3));
+            // The object at hand is removed from the table meanwhile: the
+            // nested calls no longer find it, and the loan still holds it.
+            table.remove(a);
+            assert_eq!(table.with(&CACHE, a, |inner| **inner), None);
+            assert_eq!(table.with(&CACHE, b, |inner| **inner), Some(2));
+            **o
+        });
+        assert_eq!(seen, Some(1));
+        // The next call empties the cache: only `first` holds the object now.
+        assert_eq!(table.with(&CACHE, b, |o| **o), Some(2));
+        assert_eq!(Arc::strong_count(&first), 1);
+        // A call that panics ends its loan: the cache is emptied again later.
+        let (d, fourth) = table.insert(|_| Arc::new(4)).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            table.with(&CACHE, d, |_| panic!("inside a call"));
+        }));
+        assert!(caught.is_err());
+        table.remove(d);
+        assert_eq!(table.with(&CACHE, d, |o| **o), None);
+        assert_eq!(Arc::strong_count(&fourth), 1);
     }
 }

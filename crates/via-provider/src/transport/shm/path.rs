@@ -577,13 +577,19 @@ fn deliver(
 ) -> (u32, u32, Option<Break>) {
     let total = wr.total;
     let inline = kind == SLOT_SEND && total as usize <= conn.inline_max && level != SERVICE_RELIABLE_RECEPTION;
+    // The receive's segments are read only where the bytes go to them; an
+    // entry (half a kilobyte) is not moved around on the inline path.
+    let mut entry = None;
     let taken = if inline || kind != SLOT_SEND {
-        conn.seg.peer_recvs().take_seq().map(|seq| seq.map(|seq| (seq, None)))
+        conn.seg.peer_recvs().take_seq()
     } else {
-        conn.seg.peer_recvs().take().map(|entry| entry.map(|e| (e.seq, Some(e))))
+        conn.seg.peer_recvs().take().map(|e| {
+            entry = e;
+            entry.as_ref().map(|e| e.seq)
+        })
     };
-    let (seq, entry) = match taken {
-        Ok(Some(e)) => e,
+    let seq = match taken {
+        Ok(Some(seq)) => seq,
         Ok(None) if !reliable => {
             conn.counters.add(Counter::DroppedNoRecv, 1);
             return (0, total as u32, None); // unreliable: dropped
