@@ -4,7 +4,7 @@
 
 use crate::tuning::tuning;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use via_core::consts::limits;
@@ -296,7 +296,7 @@ pub struct StageTimer(Option<Instant>);
 impl StageTimer {
     /// Starts timing.
     pub fn start() -> StageTimer {
-        StageTimer(tuning().profile.is_some().then(Instant::now))
+        StageTimer(profiling().then(Instant::now))
     }
 
     /// Adds the time since `start` to `ns`, and one to `calls` if given.
@@ -307,6 +307,21 @@ impl StageTimer {
                 counters.add(c, 1);
             }
         }
+    }
+}
+
+/// Whether `VIA_PROFILE` is set: asked at every stage of the data path,
+/// so the answer is kept in one word (0 until first asked, then 1 for no
+/// and 2 for yes; the settings never change once read).
+fn profiling() -> bool {
+    static PROFILING: AtomicU8 = AtomicU8::new(0);
+    match PROFILING.load(Ordering::Relaxed) {
+        0 => {
+            let on = tuning().profile.is_some();
+            PROFILING.store(1 + u8::from(on), Ordering::Relaxed);
+            on
+        }
+        known => known == 2,
     }
 }
 
