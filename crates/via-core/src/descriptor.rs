@@ -234,10 +234,17 @@ pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) 
         return Err(STATUS_FORMAT_ERROR);
     }
     // The whole descriptor, segments included, must be registered memory.
+    // Its region is kept: buffers in the same region (the usual case) are
+    // checked against it without a second look-up.
     let extent = (CONTROL_SEGMENT_BYTES + count * DATA_SEGMENT_BYTES) as u64;
-    if !rules.registry.check_local(handle, desc.0 as u64, extent, rules.ptag) {
-        return Err(STATUS_PROTECTION_ERROR);
-    }
+    let own = match rules.registry.lookup(handle) {
+        Some(r) if r.ptag == rules.ptag && r.contains(desc.0 as u64, extent) => r,
+        _ => return Err(STATUS_PROTECTION_ERROR),
+    };
+    let holds = |seg: &RawSegment| match seg.handle == handle {
+        true => own.contains(seg.addr, seg.len as u64),
+        false => rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag),
+    };
     let op = match control & CONTROL_OP_MASK {
         CONTROL_OP_SENDRECV => Op::SendRecv,
         CONTROL_OP_RDMAWRITE if !receive_queue => Op::RdmaWrite,
@@ -258,7 +265,7 @@ pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) 
     let mut total = 0u64;
     for i in first_data..count {
         let seg = desc.segment(i);
-        if !rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag) {
+        if !holds(&seg) {
             return Err(STATUS_PROTECTION_ERROR);
         }
         total += seg.len as u64;
@@ -351,6 +358,21 @@ mod tests {
         // Another tag is a protection error too.
         let other = Rules { ptag: 6, ..rules };
         assert_eq!(validate(desc, h, false, &other), Err(STATUS_PROTECTION_ERROR));
+        // A buffer in another region is checked against that region: its
+        // own range and tag.
+        let buf = Mem([0; 4096]);
+        let at = buf.0.as_ptr() as u64;
+        let mine = reg.register(at, 4096, 5, 0, false).unwrap();
+        let foreign = reg.register(at, 4096, 6, 0, false).unwrap();
+        put_seg(&mut mem, 1, at + 4000, mine, 96);
+        assert_eq!(validate(desc, h, false, &rules).map(|wr| wr.total), Ok(196));
+        put_seg(&mut mem, 1, at + 4000, mine, 97);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
+        put_seg(&mut mem, 1, at, foreign, 8);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
+        // Nor does the descriptor's region stretch over it.
+        put_seg(&mut mem, 1, at, h, 8);
+        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
 
         set_cs(&mut mem, CONTROL_OP_RDMAWRITE, 2, 0);
         put_seg(&mut mem, 0, 0x1000, 77, 0);

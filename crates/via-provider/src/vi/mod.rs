@@ -967,7 +967,7 @@ impl Vi {
             return Err(ViaError::InvalidParameter);
         }
         let mut q = self.send.lock();
-        let (rules, _) = self.rules();
+        let (rules, attrs) = self.rules();
         let state = self.state();
         if state != ViState::Connected && state != ViState::Error {
             return Err(ViaError::InvalidState);
@@ -990,7 +990,8 @@ impl Vi {
         desc.clear_status();
         desc.mark_posted(queue);
         if self.nic.tuning.doorbell == Doorbell::Direct {
-            self.carry_out(q, desc, mem);
+            // Its region was checked just now, under the queue's lock.
+            Link::post(self, q, desc, mem, &rules, &attrs);
         } else {
             q.rung += 1;
             drop(q);
@@ -1001,14 +1002,13 @@ impl Vi {
         Ok(())
     }
 
-    /// Carries out a posted send: in `VipPostSend`, or in the NIC's send
-    /// engine when a doorbell brought it there (`q.rung` counts those).
+    /// Carries out a send the NIC's send engine took from a doorbell
+    /// (`q.rung` counts those); `VipPostSend` without one carries its send
+    /// out itself (`Link::post`).
     pub(crate) fn carry_out(&self, q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32) {
         let (rules, attrs) = self.rules();
-        // A send rung at the doorbell may come here after its descriptor's
-        // region was deregistered (and unmapped): it is not read, and
-        // completes unwritten in its turn.  (Posted directly, the region
-        // was checked just now: one load of a line in the cache.)
+        // Its descriptor's region may have been deregistered (and unmapped)
+        // since the post: it is not read, and completes unwritten in its turn.
         if !rules.registry.is_live(mem) {
             self.queue_completed_send(q, desc, mem);
             self.bump();
