@@ -71,21 +71,21 @@ pub fn client_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
     match pattern {
         Pattern::PingPong => {
             for i in 1..=reps {
-                link.select((i % n) as usize);
+                link.select(turn(i, n));
                 link.send(buffer(i == reps), size)?;
                 link.recv(size, i == reps)?;
             }
         }
         Pattern::Stream => {
             for i in 1..=reps {
-                link.select((i % n) as usize);
+                link.select(turn(i, n));
                 link.send(buffer(i == reps), size)?;
             }
             link.recv(ACK_BYTES, true)?;
         }
         Pattern::Burst(b) => {
             for r in 1..=reps {
-                link.select((r % n) as usize);
+                link.select(turn(r, n));
                 for j in 1..=b {
                     link.send(buffer(r == reps && j == b), size)?;
                 }
@@ -120,21 +120,21 @@ pub fn server_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
     match pattern {
         Pattern::PingPong => {
             for i in 1..=reps {
-                link.select((i % n) as usize);
+                link.select(turn(i, n));
                 link.recv(size, i == reps)?;
                 link.send(buffer(i == reps), size)?;
             }
         }
         Pattern::Stream => {
             for i in 1..=reps {
-                link.select((i % n) as usize);
+                link.select(turn(i, n));
                 link.recv(size, i == reps)?;
             }
             link.send(Which::Last, ACK_BYTES)?;
         }
         Pattern::Burst(b) => {
             for r in 1..=reps {
-                link.select((r % n) as usize);
+                link.select(turn(r, n));
                 for j in 1..=b {
                     link.recv(size, r == reps && j == b)?;
                 }
@@ -151,6 +151,16 @@ pub fn server_run(link: &mut dyn Link, pattern: Pattern, run: RunSpec) -> Result
 /// stream, one message of a burst.
 pub fn per_message(pattern: Pattern, elapsed: Duration, reps: u64) -> Duration {
     elapsed.div_f64((reps * pattern.messages_per_rep()) as f64)
+}
+
+/// The VI whose turn iteration `i` is, of `n`: no division for one VI, a
+/// ping-pong's case, where it would lie between a message and its answer.
+fn turn(i: u64, n: u64) -> usize {
+    if n == 1 {
+        0
+    } else {
+        (i % n) as usize
+    }
 }
 
 #[cfg(test)]
@@ -263,5 +273,11 @@ mod tests {
         assert_eq!(per_message(Pattern::RendezvousStream, t, 10), Duration::from_micros(100));
         assert_eq!(reply_bytes(Pattern::Rendezvous, 65536), 65536);
         assert_eq!(reply_bytes(Pattern::RendezvousStream, 65536), ACK_BYTES);
+    }
+
+    #[test]
+    fn turns_go_round_the_vis() {
+        assert_eq!((1..=5).map(|i| turn(i, 1)).collect::<Vec<_>>(), [0; 5]);
+        assert_eq!((1..=5).map(|i| turn(i, 3)).collect::<Vec<_>>(), [1, 2, 0, 1, 2]);
     }
 }

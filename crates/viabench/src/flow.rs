@@ -117,7 +117,12 @@ pub fn chunks(len: usize, desc: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// How many chunks a block of `len` bytes takes.
 pub fn chunk_count(len: usize, desc: usize) -> usize {
-    len.div_ceil(desc).max(1)
+    // A block of one descriptor needs no division.
+    if len <= desc {
+        1
+    } else {
+        len.div_ceil(desc)
+    }
 }
 
 /// Where the next posted receive buffer goes: descriptor-sized slots of an
