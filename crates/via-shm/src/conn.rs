@@ -324,6 +324,27 @@ mod tests {
         (a, ConnSegment::new(r2, Side::B).unwrap())
     }
 
+    #[test]
+    fn what_follows_a_push_sees_the_message_stamped() {
+        let (a, b) = pair();
+        let mut seen = None;
+        let payload: [&[u8]; 1] = [b"ping"];
+        a.tx()
+            .push_gather_then(&hdr(SLOT_SEND, 7), payload.into_iter(), || seen = Some(b.rx().peek().unwrap()))
+            .unwrap();
+        assert_eq!(seen.flatten().map(|h| (h.aux, h.inline_len)), Some((7, 4)));
+        // A push that fails runs nothing after it.
+        for i in 1..RING_SLOTS as u64 {
+            a.tx().push(&hdr(SLOT_SEND, i), &[]).unwrap();
+        }
+        let mut ran = false;
+        assert!(matches!(
+            a.tx().push_gather_then(&hdr(SLOT_SEND, 0), [].into_iter(), || ran = true),
+            Err(ShmError::Full)
+        ));
+        assert!(!ran);
+    }
+
     fn pattern(seed: u64, len: usize) -> Vec<u8> {
         (0..len as u64).map(|i| (seed * 31 + i * 7) as u8).collect()
     }

@@ -118,6 +118,14 @@ impl Inbox {
     /// when the segment is corrupt.
     pub fn push_and_ring(&self, bell: &Bell, index: usize, entry: u64) -> bool {
         let pushed = self.push(index, entry);
+        self.ring_if_asleep(bell, index);
+        pushed
+    }
+
+    /// Rings `bell` if the owner may be asleep on queue `index`, after
+    /// entries were pushed with [`Inbox::push`]; the pair of the two is
+    /// [`Inbox::push_and_ring`].
+    pub fn ring_if_asleep(&self, bell: &Bell, index: usize) {
         if let Some(ctl) = self.ctl(index) {
             // Pairs with the fence in `begin_sleep`: either we see the
             // sleeper or it sees the entry.
@@ -126,7 +134,6 @@ impl Inbox {
                 bell.ring(index);
             }
         }
-        pushed
     }
 
     /// Pushes `entry` into queue `index`, as [`Inbox::push_and_ring`] but

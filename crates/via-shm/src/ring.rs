@@ -333,6 +333,18 @@ impl Ring {
     where
         I: Iterator<Item = &'a [u8]> + Clone,
     {
+        self.push_gather_then(hdr, payload, || {})
+    }
+
+    /// As [`Ring::push_gather`], running `then` once the message is
+    /// stamped and before the fence that looks for a sleeping consumer:
+    /// stores `then` makes (the completion entry that names this message)
+    /// travel beside the stamp instead of after it reached the consumer.
+    /// Not run when the push fails.
+    pub fn push_gather_then<'a, I>(&self, hdr: &SlotHeader, payload: I, then: impl FnOnce()) -> Result<(), ShmError>
+    where
+        I: Iterator<Item = &'a [u8]> + Clone,
+    {
         let total = payload
             .clone()
             .try_fold(0usize, |acc, p| acc.checked_add(p.len()))
@@ -359,6 +371,7 @@ impl Ring {
         if let Place::Lap(_) = place {
             ctl.lapped.store(next, Release);
         }
+        then();
         // Pairs with the fence in `wait`: either we see the sleeper or it sees the stamp.
         fence(SeqCst);
         if ctl.sleeping.load(SeqCst) != 0 {

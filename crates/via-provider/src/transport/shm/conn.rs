@@ -3,7 +3,7 @@
 //! peer's death, the completion lanes and bells, and the peer's registry
 //! table.  The VI drives it (`vi`); connection set-up makes it (`connect`).
 
-use crate::endpoint::{Endpoint, PeerMessage};
+use crate::endpoint::{Endpoint, PeerMessage, NO_CQ};
 use crate::handles::Handle;
 use crate::lane::{CqEntry, Lane};
 use crate::peer_channel;
@@ -115,6 +115,23 @@ impl Conn {
     pub fn complete_peer_receive(&self) {
         let entry = CqEntry { vi: self.peer.vi, recv: true };
         self.lane_out.push_and_ring(&self.peer_bell, self.peer.recv_cq as usize, entry.encode());
+    }
+
+    /// [`Conn::complete_peer_receive`] in two steps around a message put
+    /// in the ring: the entry is pushed right behind the message's stamp,
+    /// so that the two travel to the peer together rather than one after
+    /// the other, and the peer's bell is rung if need be
+    /// ([`Conn::ring_peer_if_asleep`]) once the ring's fence has passed.
+    pub fn push_peer_completion(&self) {
+        if self.peer.recv_cq != NO_CQ {
+            let entry = CqEntry { vi: self.peer.vi, recv: true };
+            self.lane_out.push(self.peer.recv_cq as usize, entry.encode());
+        }
+    }
+
+    /// Rings the peer's bell after [`Conn::push_peer_completion`], if its CQ's owner may sleep.
+    pub fn ring_peer_if_asleep(&self) {
+        self.lane_out.ring_if_asleep(&self.peer_bell, self.peer.recv_cq as usize);
     }
 
     /// Asks the peer's CQ to drain our ring: it is full, and a peer that

@@ -666,13 +666,20 @@ fn deliver(
             _ => return (STATUS_TRANSPORT_ERROR, 0, Some(LOST)),
         }
     }
-    // SAFETY: validated against the registry when posted.
-    let pieces = payload.iter().map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) });
-    if !pushed && conn.seg.tx().push_gather(&hdr, pieces).is_err() {
-        return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
-    }
-    if conn.peer.recv_cq != NO_CQ {
-        conn.complete_peer_receive();
+    if pushed {
+        if conn.peer.recv_cq != NO_CQ {
+            conn.complete_peer_receive();
+        }
+    } else {
+        // SAFETY: validated against the registry when posted.
+        let pieces = payload.iter().map(|s| unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.len as usize) });
+        // The peer's CQ entry goes out right behind the message's stamp.
+        if conn.seg.tx().push_gather_then(&hdr, pieces, || conn.push_peer_completion()).is_err() {
+            return (STATUS_TRANSPORT_ERROR, 0, Some(LOST));
+        }
+        if conn.peer.recv_cq != NO_CQ {
+            conn.ring_peer_if_asleep();
+        }
     }
     if kind == SLOT_SEND && hdr.status == 0 {
         tally.add(Counter::MsgsSent, 1);
