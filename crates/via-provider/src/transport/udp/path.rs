@@ -92,7 +92,7 @@ impl NetReceiver for Vi {
             }
         };
         if !events.is_empty() {
-            self.apply_net(link, events);
+            self.apply_net(link, &mut events);
         }
         if let Some(owed) = owed {
             return owed;
@@ -110,7 +110,7 @@ impl NetReceiver for Vi {
             st.session.acks_at_idle(app_away)
         };
         if !more.is_empty() {
-            self.apply_net(link, more);
+            self.apply_net(link, &mut more);
         }
         owed
     }
@@ -136,7 +136,7 @@ impl NetReceiver for Vi {
             st.flush(link, &mut events);
         }
         if !events.is_empty() {
-            self.apply_net(link, events);
+            self.apply_net(link, &mut events);
         }
     }
 
@@ -151,7 +151,7 @@ impl NetReceiver for Vi {
             st.session.poll_timeout()
         };
         if !events.is_empty() {
-            self.apply_net(link, events);
+            self.apply_net(link, &mut events);
         }
         next.into_iter().chain(self.expire_unanswered(now)).min()
     }
@@ -176,19 +176,20 @@ impl Transport for NetLink {
         vi.bump();
     }
 
-    fn post(vi: &Vi, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
+    fn post(vi: &Vi, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, _: &ViAttrs) {
         // A reference of its own: the session's events are applied with
         // the queue unlocked.
         let Some(Link::Net(link)) = q.link.clone() else {
             unreachable!("posted on the network without a network link")
         };
-        let events = vi.post_net(&mut q, &link, desc, mem, rules, attrs);
+        let mut events = NetEvents::new();
+        vi.post_net(&mut q, &link, desc, mem, rules, &mut events);
         // The usual post completes nothing yet and hears of nothing:
         // then there is nothing to apply.
         let completed_now = q.items.back().is_some_and(|i| i.done);
         drop(q);
         if completed_now || !events.is_empty() {
-            vi.apply_net(&link, events);
+            vi.apply_net(&link, &mut events);
         }
     }
 
@@ -215,7 +216,8 @@ impl Transport for NetLink {
 }
 
 impl Vi {
-    /// Posts a send-queue descriptor on a network link.
+    /// Posts a send-queue descriptor on a network link; the session's
+    /// events for the work queues go to `events`.
     pub(crate) fn post_net(
         &self,
         q: &mut SendQueue,
@@ -223,9 +225,8 @@ impl Vi {
         desc: DescPtr,
         mem: u32,
         rules: &Rules,
-        attrs: &ViAttrs,
-    ) -> NetEvents<'static> {
-        let mut events = NetEvents::new();
+        events: &mut NetEvents<'static>,
+    ) {
         let mut st = link.state.lock();
         let timer = StageTimer::start();
         // Before the buffers are checked: a region that goes after this shows.
@@ -239,7 +240,7 @@ impl Vi {
                 desc.complete(op | bits, 0, None);
                 let item = SendItem { desc, token: 0, answer: None, mem, epoch, op, length: 0, done: true };
                 q.items.push_back(item);
-                if reliable(attrs.reliability) {
+                if reliable(self.attrs().reliability) {
                     st.session.close(error_code::CONN_LOST);
                 }
             }
@@ -297,12 +298,11 @@ impl Vi {
                 q.items.push_back(item);
             }
         }
-        st.flush(link, &mut events);
+        st.flush(link, events);
         timer.stop(&self.nic.counters, Counter::TransferNs, Some(Counter::Transfers));
         if let Some(t) = st.session.poll_timeout() {
             link.port.timer_before(t);
         }
-        events
     }
 
     /// The place where the message being received continues and the room
@@ -375,7 +375,7 @@ impl Vi {
     }
 
     /// Applies a session's events to the work queues.
-    pub(crate) fn apply_net(&self, link: &Arc<NetLink>, events: NetEvents<'_>) {
+    pub(crate) fn apply_net(&self, link: &Arc<NetLink>, events: &mut NetEvents<'_>) {
         let (rules, attrs) = self.rules();
         let reliable = reliable(attrs.reliability);
         let mut f = Followup::default();
@@ -385,7 +385,8 @@ impl Vi {
             if !s.net().is_some_and(|l| Arc::ptr_eq(l, link)) {
                 return; // a late event of a link that is gone
             }
-            for event in events {
+            // Drained in place: the list is not moved, only its events.
+            for event in events.drain(..) {
                 tracing::trace!(vi = self.handle, ?event, "session event");
                 match event {
                     NetEvent::Sent { token } => {
@@ -645,7 +646,7 @@ impl Vi {
                 return;
             }
             if !more.is_empty() {
-                self.apply_net(link, more);
+                self.apply_net(link, &mut more);
             }
         }
         if let Some(code) = f.lost {
