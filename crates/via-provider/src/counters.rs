@@ -313,7 +313,7 @@ impl StageTimer {
 /// Whether `VIA_PROFILE` is set: asked at every stage of the data path,
 /// so the answer is kept in one word (0 until first asked, then 1 for no
 /// and 2 for yes; the settings never change once read).
-fn profiling() -> bool {
+pub(crate) fn profiling() -> bool {
     static PROFILING: AtomicU8 = AtomicU8::new(0);
     match PROFILING.load(Ordering::Relaxed) {
         0 => {

@@ -19,7 +19,7 @@
 //! left behind.
 
 use crate::progress::{self, Source, Token};
-use crate::tuning::{tuning, Doorbell};
+use crate::tuning::Doorbell;
 use parking_lot::Mutex;
 use rustix::event::{eventfd, EventfdFlags};
 use std::collections::VecDeque;
@@ -214,7 +214,7 @@ pub(crate) fn ring(engine: Option<&SendEngine>, vi: &Arc<dyn Ringer>, desc: Desc
     let Some(engine) = engine else {
         return vi.take(Rung { desc, mem, at: None });
     };
-    let at = tuning().profile.is_some().then(Instant::now);
+    let at = crate::counters::profiling().then(Instant::now);
     let r = Rung { desc, mem, at };
     match engine.mode {
         Doorbell::PerVi => {

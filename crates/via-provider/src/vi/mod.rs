@@ -990,7 +990,7 @@ impl Vi {
         desc.clear_status();
         desc.mark_posted(queue);
         if self.nic.tuning.doorbell == Doorbell::Direct {
-            // Its region was checked just now, under the queue's lock.
+            // Its region was checked just now (`descriptor_placement_ok`).
             Link::post(self, q, desc, mem, &rules, &attrs);
         } else {
             q.rung += 1;

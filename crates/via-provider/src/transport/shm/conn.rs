@@ -113,8 +113,8 @@ impl Conn {
 
     /// Tells the peer's CQ that its receive queue has a completion we made.
     pub fn complete_peer_receive(&self) {
-        let entry = CqEntry { vi: self.peer.vi, recv: true };
-        self.lane_out.push_and_ring(&self.peer_bell, self.peer.recv_cq as usize, entry.encode());
+        self.push_peer_completion();
+        self.ring_peer_if_asleep();
     }
 
     /// [`Conn::complete_peer_receive`] in two steps around a message put
