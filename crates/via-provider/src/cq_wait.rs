@@ -44,9 +44,12 @@ impl Cq {
             return Some(entry);
         }
         self.nic.lanes.with(|lanes| {
+            let n = lanes.len();
+            // No division per poll: the cursor is at most one past the end.
             let start = self.lane_cursor.load(Ordering::Relaxed);
-            for k in 0..lanes.len() {
-                let at = (start + k) % lanes.len();
+            let start = if start < n { start } else { 0 };
+            for k in 0..n {
+                let at = if start + k < n { start + k } else { start + k - n };
                 let lane = &lanes[at];
                 if !lane.live() {
                     continue;
@@ -66,8 +69,18 @@ impl Cq {
 
     /// The next entry of `queues` that names a queue of this CQ; from a
     /// lane (`lane`: its id), only one that names a VI connected through it.
+    #[inline]
     fn pop_from(&self, queues: &via_shm::Inbox, lane: Option<u64>) -> Option<CqEntry> {
-        while let Some(word) = queues.pop(self.index) {
+        // An empty queue, what most polls find, costs no call.
+        let word = queues.pop(self.index)?;
+        self.take_entry(queues, lane, word)
+    }
+
+    /// [`Cq::pop_from`] once it popped `word`.
+    #[inline(never)]
+    fn take_entry(&self, queues: &via_shm::Inbox, lane: Option<u64>, first: u64) -> Option<CqEntry> {
+        let mut next = Some(first);
+        while let Some(word) = next.take() {
             let entry = CqEntry::decode(word);
             // Through the thread's last VI: the caller's next call is on this one.
             let mine = Vi::with_in(&self.nic.provider, entry.vi, |vi| {
@@ -87,6 +100,7 @@ impl Cq {
             if mine == Ok(true) {
                 return Some(entry);
             }
+            next = queues.pop(self.index);
         }
         None
     }

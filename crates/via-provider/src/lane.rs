@@ -12,7 +12,8 @@
 
 use crate::handles::{Handle, Kind};
 use parking_lot::RwLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use via_shm::inbox::Inbox;
 
@@ -29,6 +30,9 @@ pub struct Lane {
     /// taken from it, waited on or reused any more, whatever its peer
     /// still writes into it.
     pub dead: AtomicBool,
+    /// The connections that hold it ([`LaneHold`]): with none, the next
+    /// connection made drops it from the NIC's list.
+    holds: AtomicUsize,
 }
 
 impl Lane {
@@ -43,42 +47,147 @@ impl Lane {
     }
 }
 
+/// A connection's hold on its lane, which keeps the lane in its NIC's list.
+pub struct LaneHold(Arc<Lane>);
+
+impl LaneHold {
+    fn new(lane: &Arc<Lane>) -> LaneHold {
+        lane.holds.fetch_add(1, Ordering::AcqRel);
+        LaneHold(lane.clone())
+    }
+}
+
+impl std::ops::Deref for LaneHold {
+    type Target = Lane;
+    fn deref(&self) -> &Lane {
+        &self.0
+    }
+}
+
+impl Drop for LaneHold {
+    fn drop(&mut self) {
+        self.0.holds.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A NIC's lanes.
-#[derive(Default)]
-pub struct Lanes(RwLock<Vec<Arc<Lane>>>);
+///
+/// `VipCQDone` looks at every lane on every call.  Under a read lock, each
+/// poll wrote the lock's word twice with atomic operations: most of the
+/// time of an empty poll, and a line every polling thread of the process
+/// writes.  So each thread keeps the list it last saw, with its version,
+/// and takes the lock only when the version moved (a lane added or
+/// dropped).  The lanes of that list stay mapped until the thread looks
+/// again, closes the NIC or ends.
+pub struct Lanes {
+    /// Unique in the process, to tell the lists of different NICs apart.
+    id: u64,
+    list: RwLock<Arc<[Arc<Lane>]>>,
+    /// Bumped after every change of `list`.
+    version: AtomicU64,
+}
+
+/// The lanes list a thread last saw.
+struct Seen {
+    lanes: u64,
+    version: u64,
+    list: Arc<[Arc<Lane>]>,
+}
+
+thread_local! {
+    static SEEN: RefCell<Option<Seen>> = const { RefCell::new(None) };
+}
+
+impl Default for Lanes {
+    fn default() -> Lanes {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Lanes {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            list: RwLock::new(Arc::from(Vec::new())),
+            version: AtomicU64::new(0),
+        }
+    }
+}
 
 impl Lanes {
     /// The lane of peer process `pid`: the one a live connection to it
     /// already uses, or a new one.
-    pub fn for_peer(&self, pid: i32) -> std::io::Result<Arc<Lane>> {
+    pub fn for_peer(&self, pid: i32) -> std::io::Result<LaneHold> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        let mut lanes = self.0.write();
-        // Lanes no connection holds any more are dropped here.
-        lanes.retain(|l| Arc::strong_count(l) > 1);
-        if let Some(lane) = lanes.iter().find(|l| pid != 0 && l.pid == pid && l.live()) {
-            return Ok(lane.clone());
+        let mut list = self.list.write();
+        let unheld = list.iter().any(|l| l.holds() == 0);
+        let (hold, new) = match list.iter().find(|l| pid != 0 && l.pid == pid && l.live() && l.holds() > 0) {
+            Some(lane) => (LaneHold::new(lane), None),
+            None => {
+                let lane = Arc::new(Lane {
+                    id: NEXT.fetch_add(1, Ordering::Relaxed),
+                    pid,
+                    queues: Inbox::create_lane()?,
+                    dead: AtomicBool::new(false),
+                    holds: AtomicUsize::new(0),
+                });
+                (LaneHold::new(&lane), Some(lane))
+            }
+        };
+        if unheld || new.is_some() {
+            // Lanes no connection holds any more are dropped here.
+            *list = list.iter().filter(|l| l.holds() > 0).cloned().chain(new).collect();
+            self.version.fetch_add(1, Ordering::Release);
         }
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        let lane = Arc::new(Lane { id, pid, queues: Inbox::create_lane()?, dead: AtomicBool::new(false) });
-        lanes.push(lane.clone());
-        Ok(lane)
+        Ok(hold)
     }
 
-    /// Runs `f` over the lanes while no lane is added or dropped.
+    /// Runs `f` over the lanes as they are now: a lane added or dropped
+    /// meanwhile counts from the next call.
     pub fn with<R>(&self, f: impl FnOnce(&[Arc<Lane>]) -> R) -> R {
-        f(&self.0.read())
+        let version = self.version.load(Ordering::Acquire);
+        SEEN.with(|seen| {
+            if let Ok(mut seen) = seen.try_borrow_mut() {
+                if !seen.as_ref().is_some_and(|s| s.lanes == self.id && s.version == version) {
+                    // The version was read first: a list newer than it is
+                    // only read again at the next call.
+                    let list = self.list.read().clone();
+                    *seen = Some(Seen { lanes: self.id, version, list });
+                }
+            }
+            match seen.try_borrow() {
+                Ok(s) if s.as_ref().is_some_and(|s| s.lanes == self.id && s.version == version) => {
+                    f(&s.as_ref().expect("checked").list)
+                }
+                // Called from inside `f` while the list was being replaced.
+                _ => f(&self.list.read()),
+            }
+        })
     }
 
     /// The live lanes now, for a thread about to sleep.
     pub fn snapshot(&self) -> Vec<Arc<Lane>> {
-        self.0.read().iter().filter(|l| l.live()).cloned().collect()
+        self.list.read().iter().filter(|l| l.live()).cloned().collect()
     }
 
     /// Empties queue `index` of every lane, for a CQ index being reused.
     pub fn reset(&self, index: usize) {
-        for lane in self.0.read().iter() {
+        for lane in self.list.read().iter() {
             lane.queues.reset(index);
         }
+    }
+
+    /// Forgets the list this thread saw, as its NIC closes: its lanes are
+    /// unmapped once no thread holds them.
+    pub fn forget_here(&self) {
+        SEEN.with(|seen| {
+            if let Ok(mut seen) = seen.try_borrow_mut() {
+                if seen.as_ref().is_some_and(|s| s.lanes == self.id) {
+                    *seen = None;
+                }
+            }
+        });
+    }
+}
+
+impl Lane {
+    fn holds(&self) -> usize {
+        self.holds.load(Ordering::Acquire)
     }
 }
 
@@ -119,6 +228,35 @@ mod tests {
         assert!(fresh.kill() && !fresh.kill());
         assert!(lanes.snapshot().iter().all(|l| l.id != fresh.id));
         assert_ne!(lanes.for_peer(100).unwrap().id, fresh.id);
+    }
+
+    #[test]
+    fn a_thread_sees_each_nics_list_as_it_is_now() {
+        let (one, two) = (Lanes::default(), Lanes::default());
+        let held = [one.for_peer(1).unwrap(), two.for_peer(2).unwrap(), two.for_peer(3).unwrap()];
+        // By turns, each NIC's own list.
+        for _ in 0..2 {
+            assert_eq!(one.with(|l| l.iter().map(|l| l.pid).collect::<Vec<_>>()), [1]);
+            assert_eq!(two.with(|l| l.iter().map(|l| l.pid).collect::<Vec<_>>()), [2, 3]);
+        }
+        // A lane added while a call runs over the list: a call inside it sees the new one.
+        let added = one.with(|before| {
+            let hold = one.for_peer(4).unwrap();
+            (before.len(), one.with(|l| l.len()), hold)
+        });
+        assert_eq!((added.0, added.1), (1, 2));
+        assert_eq!(one.with(|l| l.len()), 2);
+        // Another thread reads the same list.
+        std::thread::scope(|s| {
+            s.spawn(|| assert_eq!(one.with(|l| l.iter().map(|l| l.pid).collect::<Vec<_>>()), [1, 4]));
+        });
+        // Dropped lanes go from the list at the next connection, and from what this thread saw.
+        drop(added);
+        drop(held);
+        let last = one.for_peer(5).unwrap();
+        assert_eq!(one.with(|l| l.iter().map(|l| l.pid).collect::<Vec<_>>()), [5]);
+        one.forget_here();
+        assert_eq!(one.with(|l| l[0].id), last.id);
     }
 }
 

@@ -122,6 +122,7 @@ impl Provider {
             }
         }
         self.nics.remove(handle);
+        nic.lanes.forget_here();
         Ok(())
     }
 }

@@ -207,10 +207,17 @@ pub fn check_cpus() {
 /// system calls.  The clock is read every `CLOCK_EVERY` empty polls only.
 /// A process that may use several CPUs makes no system call on an empty
 /// poll.
+#[inline]
 pub fn idle_poll() {
-    if !ONE_CPU.load(Ordering::Relaxed) {
-        return;
+    if ONE_CPU.load(Ordering::Relaxed) {
+        idle_poll_on_one_cpu();
     }
+}
+
+/// `idle_poll` where the process has one CPU, kept out of the polls' code.
+#[cold]
+#[inline(never)]
+fn idle_poll_on_one_cpu() {
     STREAK.with(|cell| {
         let mut s = cell.get();
         s.empty = s.empty.wrapping_add(1);
@@ -255,6 +262,7 @@ pub(crate) fn poll_answer<T>(got: Option<T>) -> via_core::error::ViaResult<T> {
 }
 
 /// A poll found something: the next empty poll starts a new streak.
+#[inline]
 pub fn busy_poll() {
     if ONE_CPU.load(Ordering::Relaxed) {
         STREAK.with(|cell| {

@@ -203,9 +203,11 @@ impl Inbox {
         }
     }
 
-    /// Owner: reads and clears the overflow flag of queue `index`.
+    /// Owner: reads and clears the overflow flag of queue `index`.  Read
+    /// first: a poll asks on every call, and only a set flag is worth the
+    /// atomic exchange.
     pub fn take_overflow(&self, index: usize) -> bool {
-        self.ctl(index).is_some_and(|c| c.overflow.swap(0, SeqCst) != 0)
+        self.ctl(index).is_some_and(|c| c.overflow.load(Acquire) != 0 && c.overflow.swap(0, SeqCst) != 0)
     }
 
     /// Owner: says that a thread may sleep on queue `index`'s bell, so

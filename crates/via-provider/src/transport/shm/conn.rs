@@ -5,7 +5,7 @@
 
 use crate::endpoint::{Endpoint, PeerMessage, NO_CQ};
 use crate::handles::Handle;
-use crate::lane::{CqEntry, Lane};
+use crate::lane::{CqEntry, LaneHold};
 use crate::peer_channel;
 use crate::progress;
 use std::os::fd::{AsFd, OwnedFd};
@@ -41,7 +41,7 @@ pub struct Conn {
     pub peer_bell: Arc<Bell>,
     /// Our lane for this peer's completions: entries in it count only for
     /// VIs connected through it.
-    pub lane_in: Arc<Lane>,
+    pub lane_in: LaneHold,
     /// The peer's registry table, mapped read-only, once per peer.
     pub peer_table: Arc<TableSegment>,
     /// The peer process as the kernel names it: the only process that

@@ -11,7 +11,7 @@
 
 use super::Conn;
 use crate::endpoint::{Endpoint, PeerMessage};
-use crate::lane::Lane;
+use crate::lane::LaneHold;
 use crate::nic::Nic;
 use crate::peer_channel::{self, Sender};
 use crate::provider;
@@ -45,7 +45,7 @@ struct Parts {
 
 /// The two lanes of a connection: ours for the peer, the peer's for us.
 struct LanePair {
-    lane_in: Arc<Lane>,
+    lane_in: LaneHold,
     lane_out: Arc<Inbox>,
 }
 
