@@ -388,6 +388,13 @@ impl Ring {
         self.head_at(hot.index())
     }
 
+    /// Producer side: the head of the slot where the next message most
+    /// likely goes (its hot slot), to prefetch; nothing is read.
+    pub fn next_push_slot(&self) -> *const u8 {
+        let [hot, _] = Place::candidates(self.head.load(Relaxed), RING_SLOTS);
+        self.head_at(hot.index())
+    }
+
     /// The control line a message reads on this side, besides the
     /// counters: the consumer's `sleeping` for the producer, `lapped` for
     /// the consumer; for a caller to prefetch.

@@ -577,9 +577,21 @@ mod tests {
         // Sends posted and taken back in turn (a ping-pong): each item
         // lands where the hint said, also after a burst of three.
         let last_item = |vi: &Vi| vi.send.lock().items.back().map_or(0, |i| i as *const _ as usize);
+        let offset = |vi: &Vi, addr: usize| {
+            let seg = vi.recv.lock().seg.clone().unwrap();
+            let base = seg.region().as_ptr() as usize;
+            assert!((base..base + seg.region().len()).contains(&addr));
+            addr - base
+        };
         for round in 0..12 {
             let burst = if round % 4 == 3 { 3 } else { 1 };
             for sent in 0..burst {
+                // The ring slot the send writes is the one the receiver looks at next.
+                assert_eq!(
+                    offset(&a, a.hot.tx_slot.load(Ordering::Relaxed)),
+                    offset(&b, b.hot.rx_slot.load(Ordering::Relaxed)),
+                    "round {round}"
+                );
                 let hint = a.hot.send_back.load(Ordering::Relaxed);
                 a.post_send(m.descriptor(256, 32768, 8), m.mem).unwrap();
                 if round > 0 && sent == 0 {
@@ -600,6 +612,7 @@ mod tests {
         assert!(run_until(&mut sim, Duration::from_secs(1), || b.state() == ViState::Error));
         for vi in [&a, &b] {
             assert_eq!([Fixed::Conn, Fixed::Segment, Fixed::Control0].map(|l| vi.hot.get(l)), [0, 0, 0]);
+            assert_eq!([vi.hot.rx_slot.load(Ordering::Relaxed), vi.hot.tx_slot.load(Ordering::Relaxed)], [0, 0]);
         }
     }
 

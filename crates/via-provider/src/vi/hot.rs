@@ -29,12 +29,15 @@ pub(crate) enum Fixed {
 
 const FIXED: usize = Fixed::Row as usize + 1;
 
-/// A VI's hot lines: the three that move with every message first.
+/// A VI's hot lines: the four that move with every message first.
 #[derive(Default)]
 #[repr(C)]
 pub(crate) struct HotLines {
     /// The ring slot of the next message (`Ring::next_slot`).
     pub rx_slot: AtomicUsize,
+    /// The ring slot the VI's next send writes (`Ring::next_push_slot`):
+    /// an application that took a message on a VI often answers on it.
+    pub tx_slot: AtomicUsize,
     /// The receive queue's first pending item, which the next message completes.
     pub recv_front: AtomicUsize,
     /// Where the send queue's next item goes.
@@ -64,6 +67,8 @@ impl HotLines {
 
     /// Forgets the connection's lines.
     pub fn clear_connection(&self) {
+        self.rx_slot.store(0, Relaxed);
+        self.tx_slot.store(0, Relaxed);
         for w in &self.fixed[..Fixed::Row as usize] {
             w.store(0, Relaxed);
         }
@@ -76,6 +81,7 @@ impl HotLines {
             prefetch(vi.wrapping_add(offset) as usize);
         }
         prefetch(self.rx_slot.load(Relaxed));
+        prefetch(self.tx_slot.load(Relaxed));
         // A queue item may straddle two lines.
         for item in [self.recv_front.load(Relaxed), self.send_back.load(Relaxed)] {
             if item != 0 {

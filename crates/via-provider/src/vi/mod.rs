@@ -609,6 +609,7 @@ impl Vi {
             item.seq = Some(s);
         }
         self.hot.rx_slot.store(seg.rx().next_slot() as usize, Ordering::Relaxed);
+        self.hot.tx_slot.store(seg.tx().next_push_slot() as usize, Ordering::Relaxed);
         self.hot.set(Fixed::Segment, Arc::as_ptr(&seg) as *const u8);
         self.hot.set_control(seg.control_lines());
         self.note_recv_front(&q);

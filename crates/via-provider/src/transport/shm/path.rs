@@ -143,6 +143,7 @@ impl Vi {
             Ok(wr) => {
                 let (status, length, why) =
                     execute(conn, &wr, reliable(attrs.reliability), attrs.reliability, &mut queue.tally);
+                self.hot.tx_slot.store(conn.seg.tx().next_push_slot() as usize, Ordering::Relaxed);
                 timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
                 (wr.op.status_bits(false) | status, length, why)
             }
