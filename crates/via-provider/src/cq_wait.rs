@@ -76,7 +76,8 @@ impl Cq {
         self.take_entry(queues, lane, word)
     }
 
-    /// [`Cq::pop_from`] once it popped `word`.
+    /// [`Cq::pop_from`] once it popped `first`: that entry, or the next
+    /// one of `queues` that names a queue of this CQ.
     #[inline(never)]
     fn take_entry(&self, queues: &via_shm::Inbox, lane: Option<u64>, first: u64) -> Option<CqEntry> {
         let mut next = Some(first);

@@ -45,6 +45,11 @@ impl Lane {
     pub fn kill(&self) -> bool {
         !self.dead.swap(true, Ordering::AcqRel)
     }
+
+    /// How many connections hold it.
+    fn holds(&self) -> usize {
+        self.holds.load(Ordering::Acquire)
+    }
 }
 
 /// A connection's hold on its lane, which keeps the lane in its NIC's list.
@@ -182,12 +187,6 @@ impl Lanes {
                 }
             }
         });
-    }
-}
-
-impl Lane {
-    fn holds(&self) -> usize {
-        self.holds.load(Ordering::Acquire)
     }
 }
 

@@ -384,14 +384,18 @@ impl Ring {
     /// Consumer side: the address of the slot where the next message most
     /// likely lands (its hot slot), to prefetch; nothing is read.
     pub fn next_slot(&self) -> *const u8 {
-        let [hot, _] = Place::candidates(self.tail.load(Relaxed), RING_SLOTS);
-        self.head_at(hot.index())
+        self.hot_head(self.tail.load(Relaxed))
     }
 
     /// Producer side: the head of the slot where the next message most
     /// likely goes (its hot slot), to prefetch; nothing is read.
     pub fn next_push_slot(&self) -> *const u8 {
-        let [hot, _] = Place::candidates(self.head.load(Relaxed), RING_SLOTS);
+        self.hot_head(self.head.load(Relaxed))
+    }
+
+    /// The head of message `n`'s hot slot.
+    fn hot_head(&self, n: u64) -> *const u8 {
+        let [hot, _] = Place::candidates(n, RING_SLOTS);
         self.head_at(hot.index())
     }
 
