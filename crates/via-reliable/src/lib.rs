@@ -323,6 +323,17 @@ pub struct Stats {
     pub invalid: u64,
 }
 
+/// The counts of [`Stats`] that a port adds to its own after each flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LossCounts {
+    /// [`Stats::retransmits`].
+    pub retransmits: u64,
+    /// [`Stats::duplicates`].
+    pub duplicates: u64,
+    /// [`Stats::bad_key`].
+    pub bad_key: u64,
+}
+
 /// A message accepted by `send` and not yet completed.
 #[derive(Debug, Clone)]
 struct OutState {
@@ -581,7 +592,11 @@ impl Session {
     /// The next packet to send, if any: a pending BREAK/DISCONNECT,
     /// retransmissions, new data within the window, a KEEPALIVE, or a pure
     /// ACK when one is due.  Every packet carries the current ack and sack.
+    #[inline]
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if self.nothing_to_transmit(now, true) {
+            return None;
+        }
         self.transmit(now, true)
     }
 
@@ -591,7 +606,11 @@ impl Session {
     /// data packet, so that the receiver puts the data it has before it
     /// spends a send on acknowledging it.  Urgent acknowledgements (a hole,
     /// a duplicate, a probe, a quarter of the window unacknowledged) still go.
+    #[inline]
     pub fn poll_transmit_busy(&mut self, now: Instant) -> Option<Transmit> {
+        if self.nothing_to_transmit(now, false) {
+            return None;
+        }
         self.transmit(now, false)
     }
 
@@ -693,6 +712,19 @@ impl Session {
     /// quarter and the delay still bound how long one waits.
     fn owes_ack(&self) -> bool {
         self.unacked >= self.config.ack_every.max(1) && self.rx.is_none()
+    }
+
+    /// Whether [`Session::transmit`] would find nothing to send, by the
+    /// checks it makes on its way (a flush ends with such a call, and
+    /// most calls of a receiver find nothing): inline, without the call.
+    /// A retransmission queued, however stale, goes to `transmit`.
+    #[inline]
+    fn nothing_to_transmit(&self, now: Instant, owed_too: bool) -> bool {
+        let no_new =
+            self.seg >= self.out.len() || (self.config.reliable && self.inflight.len() as u32 >= self.send_window());
+        let no_ack = self.acks_held()
+            || !(self.ack_now || (owed_too && self.owes_ack()) || self.ack_deadline.is_some_and(|d| d <= now));
+        !self.closed && self.retx.is_empty() && no_new && !self.keepalive_due && no_ack
     }
 
     fn transmit(&mut self, now: Instant, owed_too: bool) -> Option<Transmit> {
@@ -907,6 +939,13 @@ impl Session {
     /// The session's counters.
     pub fn stats(&self) -> Stats {
         Stats { srtt: self.rtt.srtt(), rto: self.rtt.rto(), ..self.stats }
+    }
+
+    /// Three of the counters, read without working out the round-trip
+    /// estimates: a port asks for them after every flush.
+    pub fn loss_counts(&self) -> LossCounts {
+        let s = &self.stats;
+        LossCounts { retransmits: s.retransmits, duplicates: s.duplicates, bad_key: s.bad_key }
     }
 
     /// Packets sent and not yet cumulatively acknowledged (always 0 for an

@@ -78,6 +78,15 @@ fn sequence_numbers_wrap() {
     // 60 packets from u32::MAX - 20 on: the counters went round.
     assert!(a.snd_una < 100 && b.rcv_next == a.snd_una);
     assert!(a.stats().retransmits > 0);
+    // What a port adds to its counters after each flush: the same counts.
+    for s in [&a, &b] {
+        let (all, losses) = (s.stats(), s.loss_counts());
+        assert_eq!(
+            (losses.retransmits, losses.duplicates, losses.bad_key),
+            (all.retransmits, all.duplicates, all.bad_key)
+        );
+    }
+    assert!(b.loss_counts().duplicates > 0 || a.loss_counts().duplicates > 0);
 }
 
 #[test]
@@ -129,4 +138,62 @@ fn a_delayed_acknowledgement_goes_at_once_when_asked_for() {
     assert_eq!(ack.header.ack, t.header.seq.wrapping_add(1));
     assert!(!b.ack_pending());
     assert!(b.poll_transmit(t0).is_none());
+}
+
+/// `poll_transmit` skips its call when the inline checks find nothing to
+/// send: through a lossy exchange with timeouts, both kinds of poll, every
+/// time they say so `transmit` itself finds nothing either.
+#[test]
+fn nothing_to_transmit_never_hides_a_packet() {
+    let t0 = Instant::now();
+    let config = Config { max_payload: 8, window: 8, ..Config::default() };
+    let mut a = Session::new(config.clone(), A, B, t0);
+    let mut b = Session::new(config, B, A, t0);
+    for token in 0..40 {
+        a.send(OutMessage { kind: MsgKind::Send, len: 1 + (token as u32 * 7) % 30, imm: None, token }).unwrap();
+        if token % 3 == 0 {
+            b.send(OutMessage { kind: MsgKind::Send, len: 5, imm: None, token }).unwrap();
+        }
+    }
+    let (mut now, mut n, mut quiet, mut sent) = (t0, 0u64, 0, 0);
+    let lose = |n: u64| n.is_multiple_of(5) || n.is_multiple_of(11);
+    for round in 0..20_000 {
+        let owed_too = round % 2 == 0;
+        let mut moved = false;
+        for from_a in [true, false] {
+            let (x, y) = if from_a { (&mut a, &mut b) } else { (&mut b, &mut a) };
+            loop {
+                let nothing = x.nothing_to_transmit(now, owed_too);
+                let Some(t) = x.transmit(now, owed_too) else {
+                    quiet += usize::from(nothing);
+                    break;
+                };
+                assert!(!nothing, "round {round}: a {:?} packet was there", t.header.kind);
+                (moved, sent, n) = (true, sent + 1, n + 1);
+                if !lose(n) {
+                    let len = t.payload.map_or(0, |p| p.len) as usize;
+                    y.handle_packet(now, &t.header, &vec![0x5a; len]);
+                }
+            }
+        }
+        if !moved {
+            if a.queued_messages() == 0 && b.queued_messages() == 0 && !a.ack_pending() && !b.ack_pending() {
+                break;
+            }
+            let t = [a.poll_timeout(), b.poll_timeout()].into_iter().flatten().min().unwrap();
+            now = now.max(t);
+            // Now and then the polls, not the timers, find a deadline passed.
+            if round % 4 != 1 {
+                a.handle_timeout(now);
+                b.handle_timeout(now);
+            }
+        }
+    }
+    assert_eq!((a.queued_messages(), b.queued_messages()), (0, 0), "everything went");
+    assert!(quiet > 100 && sent > 100, "both answers were asked for: {quiet} quiet, {sent} sent");
+    assert!(a.stats().retransmits > 0 && b.stats().acks_sent > 0);
+    // A closed session's last word goes too.
+    a.disconnect();
+    assert!(!a.nothing_to_transmit(now, false));
+    assert_eq!(a.poll_transmit_busy(now).map(|t| t.header.kind), Some(Kind::Disconnect));
 }

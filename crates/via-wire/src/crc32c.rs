@@ -5,14 +5,17 @@
 //! CPU's best path at run time (the SSE 4.2 `crc32` instruction beside
 //! carry-less multiplication folding, 512-bit with AVX-512 and VPCLMULQDQ,
 //! a table-driven one without them).  This module keeps the two functions
-//! the rest of openvia calls; a short append (a small message's payload)
-//! runs the SSE 4.2 instruction itself.
+//! the rest of openvia calls; a short CRC or append (a packet's header, a
+//! small message's payload) runs the SSE 4.2 instruction itself.
 
 use crc_fast::{CrcAlgorithm, Digest};
 
 /// The CRC-32C of `data`.
 #[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
+    if let Some(c) = small_append(0, data) {
+        return c;
+    }
     crc_fast::crc32_iscsi(data)
 }
 
@@ -20,10 +23,8 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// so a packet can be checksummed in pieces.
 #[inline]
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    #[cfg(target_arch = "x86_64")]
-    if data.len() <= SMALL && std::arch::is_x86_feature_detected!("sse4.2") {
-        // SAFETY: the CPU has SSE 4.2.
-        return !unsafe { small::update(!crc, data) };
+    if let Some(c) = small_append(crc, data) {
+        return c;
     }
     // crc-fast's state is the register, before the final inversion.
     let mut d = Digest::new_with_init_state(CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
@@ -31,32 +32,58 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     d.finalize() as u32
 }
 
-/// Appends of at most this many bytes (a small message's payload after
-/// its header) run the `crc32` instruction eight bytes at a time: setting
-/// up crc-fast's `Digest` costs more than such a CRC.
+/// [`crc32c_append`] by the `crc32` instruction, where `data` is short
+/// and the CPU has it.
+#[inline(always)]
+fn small_append(crc: u32, data: &[u8]) -> Option<u32> {
+    #[cfg(target_arch = "x86_64")]
+    if data.len() <= SMALL && std::arch::is_x86_feature_detected!("sse4.2") {
+        // SAFETY: the CPU has SSE 4.2.
+        return Some(!unsafe { small::update(!crc, data) });
+    }
+    let _ = (crc, data);
+    None
+}
+
+/// CRCs and appends of at most this many bytes (a packet's header, a
+/// small message's payload after it) run the `crc32` instruction eight
+/// bytes at a time: crc-fast's dispatch and `Digest` cost more than such a
+/// CRC.
 #[cfg(target_arch = "x86_64")]
 const SMALL: usize = 128;
 
 #[cfg(target_arch = "x86_64")]
 mod small {
-    use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+    use std::arch::x86_64::{_mm_crc32_u16, _mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
 
-    /// The CRC-32C register `c` (not inverted) extended with `data`.
+    /// The CRC-32C register `c` (not inverted) extended with `data`: eight
+    /// bytes at a time, then four, two and one.
     ///
     /// # Safety
     /// The CPU has SSE 4.2.
     #[target_feature(enable = "sse4.2")]
     pub(super) unsafe fn update(c: u32, data: &[u8]) -> u32 {
-        let mut words = data.chunks_exact(8);
+        let n = data.len();
+        let mut p = data.as_ptr();
+        // SAFETY (each read): `p` stays within `data`, whose length the
+        // loop and the tail's bits count down exactly.
+        let words_end = unsafe { p.add(n & !7) };
         let mut c = u64::from(c);
-        for w in &mut words {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(w);
-            c = _mm_crc32_u64(c, u64::from_le_bytes(b));
+        while p < words_end {
+            c = _mm_crc32_u64(c, unsafe { p.cast::<u64>().read_unaligned() });
+            p = unsafe { p.add(8) };
         }
         let mut c = c as u32;
-        for &b in words.remainder() {
-            c = _mm_crc32_u8(c, b);
+        if n & 4 != 0 {
+            c = _mm_crc32_u32(c, unsafe { p.cast::<u32>().read_unaligned() });
+            p = unsafe { p.add(4) };
+        }
+        if n & 2 != 0 {
+            c = _mm_crc32_u16(c, unsafe { p.cast::<u16>().read_unaligned() });
+            p = unsafe { p.add(2) };
+        }
+        if n & 1 != 0 {
+            c = _mm_crc32_u8(c, unsafe { *p });
         }
         c
     }

@@ -1238,7 +1238,7 @@ pub(crate) struct NetState {
     /// Packets built for one `sendmmsg`.
     out: OutPackets,
     /// The session's counters when last added to the NIC's.
-    seen: via_reliable::Stats,
+    seen: via_reliable::LossCounts,
     /// Whether its packets may go as frames, and its frames so far.
     frames: FrameChoice,
 }
@@ -1369,7 +1369,7 @@ impl NetState {
                 batches += 1;
             }
         }
-        let stats = self.session.stats();
+        let stats = self.session.loss_counts();
         if !self.out.is_empty() {
             let lone = batches == 0 && self.out.len() == 1;
             let fresh = stats.retransmits == self.seen.retransmits;
