@@ -1,4 +1,4 @@
-//! The clock of the data path: `Instant`s read from the CPU's time-stamp
+//! The clock of the data path: times read from the CPU's time-stamp
 //! counter where the kernel keeps its own clock on it.
 //!
 //! Every packet a session takes or sends is stamped with the time (RTT
@@ -7,14 +7,20 @@
 //! every sixteenth empty poll.  `Instant::now` costs about 50 ns on the
 //! network path: the vDSO orders its counter read after every load before
 //! it, among them the datagram just received.  Here the
-//! counter is read unordered and scaled from an anchor, an `Instant` and
-//! the counter read together, which each thread renews every few
+//! counter is read unordered and scaled from an anchor, the system clock
+//! and the counter read together, which each thread renews every few
 //! milliseconds, so the time never strays from the system clock by more
 //! than the drift of one such interval (microseconds at most; the
 //! transport's timers are 200 µs and longer).  Without the kernel's
 //! `tsc` clock source (or off x86-64) it is `Instant::now`.
+//!
+//! The sessions count time as `via_reliable::Time`, nanoseconds from an
+//! epoch: [`now_time`] reads it in that form, [`time_of`] and
+//! [`instant_of`] go between the two.
 
-use std::time::Instant;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use via_reliable::Time;
 
 /// The time now, as close to `Instant::now()` as the anchors keep it, and
 /// never earlier than a previous reading on the same thread.
@@ -25,9 +31,45 @@ pub(crate) fn now() -> Instant {
         return t;
     }
     #[cfg(target_arch = "x86_64")]
-    return tsc::now();
+    return instant_of(tsc::now());
     #[cfg(not(target_arch = "x86_64"))]
     Instant::now()
+}
+
+/// [`now`] as the sessions count time.
+#[inline]
+pub(crate) fn now_time() -> Time {
+    #[cfg(test)]
+    if let Some(t) = simulated::now() {
+        return time_of(t);
+    }
+    #[cfg(target_arch = "x86_64")]
+    return tsc::now();
+    #[cfg(not(target_arch = "x86_64"))]
+    time_of(Instant::now())
+}
+
+/// The epoch of [`Time`]s: ten years before the first call (an `Instant`
+/// may lie before the boot), so that every `Instant` of the process and of
+/// the whole-provider simulator lies after it.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        let now = Instant::now();
+        now.checked_sub(Duration::from_secs(10 * 365 * 86_400)).unwrap_or(now)
+    })
+}
+
+/// `t` as the sessions count time.
+#[inline]
+pub(crate) fn time_of(t: Instant) -> Time {
+    Time::from_nanos(t.saturating_duration_since(epoch()).as_nanos() as u64)
+}
+
+/// The `Instant` of `t`.
+#[inline]
+pub(crate) fn instant_of(t: Time) -> Instant {
+    epoch() + Duration::from_nanos(t.as_nanos())
 }
 
 /// The time the waits' deadlines are counted in: the system's clock, or
@@ -138,14 +180,16 @@ pub(crate) mod simulated {
 
 #[cfg(target_arch = "x86_64")]
 mod tsc {
+    use super::time_of;
     use std::cell::Cell;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     use std::time::{Duration, Instant};
+    use via_reliable::Time;
 
-    /// [`super::now`] on x86-64.
+    /// [`super::now_time`] on x86-64.
     #[inline]
-    pub(super) fn now() -> Instant {
+    pub(super) fn now() -> Time {
         let scale = SCALE.load(Ordering::Relaxed);
         if scale != 0 {
             return ANCHOR.with(|cell| scaled(cell, scale));
@@ -164,17 +208,17 @@ mod tsc {
     /// parts per million.
     const CALIBRATE_FOR: Duration = Duration::from_millis(2);
 
-    /// The counter and the system clock read together, and the latest
-    /// reading given out from them.
+    /// The counter and the system clock read together (nanoseconds of
+    /// [`Time`]), and the latest reading given out from them.
     #[derive(Clone, Copy)]
     struct Anchor {
         tsc: u64,
-        at: Instant,
-        last: Instant,
+        at: u64,
+        last: u64,
     }
 
     thread_local! {
-        static ANCHOR: Cell<Option<Anchor>> = const { Cell::new(None) };
+        static ANCHOR: Cell<Anchor> = const { Cell::new(Anchor { tsc: 0, at: 0, last: 0 }) };
     }
 
     #[inline]
@@ -184,23 +228,20 @@ mod tsc {
     }
 
     #[inline]
-    fn scaled(cell: &Cell<Option<Anchor>>, scale: u64) -> Instant {
+    fn scaled(cell: &Cell<Anchor>, scale: u64) -> Time {
         let tsc = tsc();
-        let mut a = match cell.get() {
-            // An anchor that is fresh: the usual case.  A counter that went
-            // back (another CPU's, a little behind) wraps to a huge distance
-            // and renews the anchor as well.
-            Some(a) if tsc.wrapping_sub(a.tsc) < RENEW_TICKS => a,
-            last => {
-                let at = Instant::now();
-                let at = last.map_or(at, |l| at.max(l.last));
-                Anchor { tsc, at, last: at }
-            }
-        };
+        let mut a = cell.get();
+        // An anchor that is fresh: the usual case.  A counter that went back
+        // (another CPU's, a little behind) wraps to a huge distance and
+        // renews the anchor as well, as does a thread's first reading.
+        if a.at == 0 || tsc.wrapping_sub(a.tsc) >= RENEW_TICKS {
+            let at = time_of(Instant::now()).as_nanos().max(a.last);
+            a = Anchor { tsc, at, last: at };
+        }
         let ns = ((tsc.wrapping_sub(a.tsc) as u128 * scale as u128) >> 32) as u64;
-        a.last = a.last.max(a.at + Duration::from_nanos(ns));
-        cell.set(Some(a));
-        a.last
+        a.last = a.last.max(a.at + ns);
+        cell.set(a);
+        Time::from_nanos(a.last)
     }
 
     /// The first reading and whether the counter may be used at all.
@@ -209,18 +250,18 @@ mod tsc {
     /// `Instant::now()`, and the scale once `CALIBRATE_FOR` has passed since
     /// the first call, if the kernel keeps its clock on the counter (it has
     /// then checked that the counter is invariant and the same on every CPU).
-    fn calibrate() -> Instant {
+    fn calibrate() -> Time {
         let start = START.get_or_init(|| kernel_uses_tsc().then(|| (tsc(), Instant::now())));
         let now = Instant::now();
         // Without the counter, nothing more than `Instant::now` on every call.
-        let Some((tsc0, t0)) = *start else { return now };
+        let Some((tsc0, t0)) = *start else { return time_of(now) };
         let elapsed = now.duration_since(t0);
         let ticks = tsc().wrapping_sub(tsc0);
         if elapsed >= CALIBRATE_FOR && ticks > 0 && ticks < u64::MAX / 2 {
             let scale = ((elapsed.as_nanos() << 32) / ticks as u128).min(u64::MAX as u128) as u64;
             SCALE.store(scale.max(1), Ordering::Relaxed);
         }
-        now
+        time_of(now)
     }
 
     /// Whether the kernel's clock source is the time-stamp counter.
@@ -234,6 +275,26 @@ mod tsc {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// The sessions' time is the same clock: a reading turned into an
+    /// `Instant` and back is itself, and it follows the system clock too.
+    #[test]
+    fn session_time_is_the_same_clock() {
+        let slack = Duration::from_micros(20);
+        let mut last = now_time();
+        let begin = Instant::now();
+        while begin.elapsed() < Duration::from_millis(10) {
+            let before = time_of(Instant::now());
+            let t = now_time();
+            let after = time_of(Instant::now());
+            assert_eq!(time_of(instant_of(t)), t);
+            assert!(t >= last, "the clock went back");
+            assert!(t + slack >= before && t <= after + slack, "{t:?} outside {before:?}..{after:?}");
+            last = t;
+        }
+        // An `Instant` from before the first reading still has its time.
+        assert!(time_of(begin) > via_reliable::Time::default());
+    }
 
     #[test]
     fn readings_follow_the_system_clock_and_never_go_back() {

@@ -2,7 +2,8 @@
 //!
 //! A [`Session`] is one end of one VI connection.  It does no I/O and reads
 //! no clock: the caller feeds it received packets ([`Session::handle_packet`])
-//! and the time ([`Session::handle_timeout`]), and asks it for packets to
+//! and the time ([`Session::handle_timeout`], a [`Time`] in nanoseconds on
+//! the caller's monotonic clock), and asks it for packets to
 //! send ([`Session::poll_transmit`]), things that happened
 //! ([`Session::poll_event`]) and when to wake it next
 //! ([`Session::poll_timeout`]).  Given the same inputs it always produces the
@@ -30,9 +31,12 @@ pub mod endpoint;
 pub mod netsim;
 mod rtt;
 pub mod sim;
+pub mod time;
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+pub use time::Time;
 
 use via_wire::{Header, Kind, FLAG_FIRST, FLAG_HEADER_CRC, FLAG_IMMEDIATE, FLAG_LAST, FLAG_RELIABLE};
 
@@ -353,7 +357,7 @@ struct SentPacket {
     /// The header as first sent; ack fields are refreshed on every send.
     header: Header,
     payload: Option<PayloadRef>,
-    sent_at: Instant,
+    sent_at: Time,
     /// Transmissions so far (Karn: only 1 gives an RTT sample).
     tx_count: u32,
     /// Global order of its latest transmission, for loss detection.
@@ -369,7 +373,7 @@ struct SentPacket {
 /// One transmission, in time order, for the retransmission timer.
 #[derive(Debug, Clone, Copy)]
 struct TxRecord {
-    at: Instant,
+    at: Time,
     seq: u32,
     order: u64,
 }
@@ -497,7 +501,7 @@ pub struct Session {
 
     // Acknowledgements.
     unacked: u32,
-    ack_deadline: Option<Instant>,
+    ack_deadline: Option<Time>,
     /// An acknowledgement must go out with the next transmission.  One that
     /// is merely owed (`ack_every` packets unacknowledged, `owes_ack`) a
     /// receiver with more input to take may hold until it is idle
@@ -508,8 +512,8 @@ pub struct Session {
     ack_hold: Option<u32>,
 
     // Liveness.
-    last_heard: Instant,
-    last_probe: Option<Instant>,
+    last_heard: Time,
+    last_probe: Option<Time>,
     keepalive_due: bool,
 }
 
@@ -517,7 +521,7 @@ impl Session {
     /// A session between `local` and `remote`, connected at `now`.
     /// `local.key` is the key peers must put in packets to us; `remote.key`
     /// goes into the packets we send.
-    pub fn new(config: Config, local: Peer, remote: Peer, now: Instant) -> Session {
+    pub fn new(config: Config, local: Peer, remote: Peer, now: Time) -> Session {
         let window = config.window.clamp(1, MAX_WINDOW);
         let max_payload = config.max_payload.clamp(1, via_wire::MAX_PAYLOAD) as u32;
         let rtt = RttEstimator::new(config.rto_initial, config.rto_min, config.rto_max, config.ack_delay);
@@ -593,7 +597,7 @@ impl Session {
     /// retransmissions, new data within the window, a KEEPALIVE, or a pure
     /// ACK when one is due.  Every packet carries the current ack and sack.
     #[inline]
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, now: Time) -> Option<Transmit> {
         if self.nothing_to_transmit(now, true) {
             return None;
         }
@@ -607,7 +611,7 @@ impl Session {
     /// spends a send on acknowledging it.  Urgent acknowledgements (a hole,
     /// a duplicate, a probe, a quarter of the window unacknowledged) still go.
     #[inline]
-    pub fn poll_transmit_busy(&mut self, now: Instant) -> Option<Transmit> {
+    pub fn poll_transmit_busy(&mut self, now: Time) -> Option<Transmit> {
         if self.nothing_to_transmit(now, false) {
             return None;
         }
@@ -719,7 +723,7 @@ impl Session {
     /// most calls of a receiver find nothing): inline, without the call.
     /// A retransmission queued, however stale, goes to `transmit`.
     #[inline]
-    fn nothing_to_transmit(&self, now: Instant, owed_too: bool) -> bool {
+    fn nothing_to_transmit(&self, now: Time, owed_too: bool) -> bool {
         let no_new =
             self.seg >= self.out.len() || (self.config.reliable && self.inflight.len() as u32 >= self.send_window());
         let no_ack = self.acks_held()
@@ -727,7 +731,7 @@ impl Session {
         !self.closed && self.retx.is_empty() && no_new && !self.keepalive_due && no_ack
     }
 
-    fn transmit(&mut self, now: Instant, owed_too: bool) -> Option<Transmit> {
+    fn transmit(&mut self, now: Time, owed_too: bool) -> Option<Transmit> {
         if self.closed {
             return self.control.take().map(|c| self.control_packet(c));
         }
@@ -760,7 +764,7 @@ impl Session {
     /// Takes a received packet addressed to this session.  The caller has
     /// parsed the header and checked the checksum; the session checks the
     /// key and both VI ids and ignores (and counts) packets that fail.
-    pub fn handle_packet(&mut self, now: Instant, header: &Header, payload: &[u8]) {
+    pub fn handle_packet(&mut self, now: Time, header: &Header, payload: &[u8]) {
         let queued = self.events.len();
         if let Some(segment) = self.handle_packet_in_place(now, header, payload) {
             self.events.insert(queued, segment.with_data(payload.to_vec()));
@@ -773,7 +777,7 @@ impl Session {
     /// the bytes from `payload`.  The returned segment comes before any
     /// event this call queued, and after those queued before it.
     #[must_use = "the returned segment is received data"]
-    pub fn handle_packet_in_place(&mut self, now: Instant, header: &Header, payload: &[u8]) -> Option<Segment> {
+    pub fn handle_packet_in_place(&mut self, now: Time, header: &Header, payload: &[u8]) -> Option<Segment> {
         if self.closed {
             return None;
         }
@@ -840,12 +844,12 @@ impl Session {
     /// When [`Session::handle_timeout`] should run next: the earliest of the
     /// retransmission timer, the delayed ACK, the keepalive and the idle
     /// timeout.  `None` once the session is closed.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Time> {
         if self.closed {
             return None;
         }
         let mut t = self.last_heard.checked_add(self.config.idle_timeout);
-        let mut earliest = |c: Option<Instant>| {
+        let mut earliest = |c: Option<Time>| {
             if let Some(c) = c {
                 t = Some(t.map_or(c, |t| t.min(c)));
             }
@@ -856,13 +860,13 @@ impl Session {
         }
         earliest(self.ack_deadline);
         if let Some(r) = self.timers.front() {
-            earliest(r.at.checked_add(self.rtt.rto()));
+            earliest(r.at.checked_add_nanos(self.rtt.rto_nanos()));
         }
         t
     }
 
     /// Runs the timers that are due at `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub fn handle_timeout(&mut self, now: Time) {
         if self.closed {
             return;
         }
@@ -871,10 +875,10 @@ impl Session {
             return;
         }
         self.clean_timers();
-        let rto = self.rtt.rto();
+        let rto = self.rtt.rto_nanos();
         let mut fired = false;
         while let Some(r) = self.timers.front().copied() {
-            if r.at.checked_add(rto).is_none_or(|t| t > now) {
+            if r.at.checked_add_nanos(rto).is_none_or(|t| t > now) {
                 break;
             }
             self.timers.pop_front();
@@ -1029,7 +1033,7 @@ impl Session {
         t
     }
 
-    fn retransmission(&mut self, now: Instant) -> Option<Transmit> {
+    fn retransmission(&mut self, now: Time) -> Option<Transmit> {
         while let Some(seq) = self.retx.pop_front() {
             let d = diff(seq, self.snd_una);
             if d < 0 {
@@ -1056,7 +1060,7 @@ impl Session {
         None
     }
 
-    fn new_packet(&mut self, now: Instant) -> Option<Transmit> {
+    fn new_packet(&mut self, now: Time) -> Option<Transmit> {
         if self.seg >= self.out.len() {
             return None;
         }
@@ -1126,7 +1130,7 @@ impl Session {
     }
 
     /// Processes the acknowledgement fields of a packet (reliable only).
-    fn on_ack(&mut self, now: Instant, h: &Header) {
+    fn on_ack(&mut self, now: Time, h: &Header) {
         let a = h.ack;
         if diff(a, self.snd_una) < 0 {
             // Older than what we know: reordered in the network.
@@ -1138,7 +1142,7 @@ impl Session {
             return;
         }
         self.peer_window = h.window;
-        let mut sample: Option<Instant> = None;
+        let mut sample: Option<Time> = None;
         let mut note = |p: &SentPacket, orders: &mut [u64; 3]| {
             if p.tx_count == 1 && sample.is_none_or(|s| p.sent_at > s) {
                 sample = Some(p.sent_at);
@@ -1258,7 +1262,7 @@ impl Session {
     }
 
     /// Takes a sequenced packet; returns its segment if it is delivered now.
-    fn receive_reliable(&mut self, now: Instant, h: &Header, payload: &[u8]) -> Option<Segment> {
+    fn receive_reliable(&mut self, now: Time, h: &Header, payload: &[u8]) -> Option<Segment> {
         let d = diff(h.seq, self.rcv_next);
         if d < 0 {
             // Already delivered: our ACK was probably lost.

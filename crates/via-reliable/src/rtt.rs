@@ -4,32 +4,40 @@ use std::time::Duration;
 
 /// Clock granularity term of the timeout, so a perfectly steady RTT (zero
 /// variance) does not give a timeout equal to the RTT itself.
-const GRANULARITY: Duration = Duration::from_micros(100);
+const GRANULARITY: u64 = 100_000;
 
-/// Jacobson/Karels estimator (RFC 6298) with exponential backoff.
+/// Jacobson/Karels estimator (RFC 6298) with exponential backoff, in
+/// nanoseconds: a sample per acknowledgement and the timeout at every
+/// look at the timers cost a few integer operations each.
 #[derive(Debug, Clone)]
 pub(crate) struct RttEstimator {
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    srtt: Option<u64>,
+    rttvar: u64,
     /// The timeout before backoff.
-    base: Duration,
+    base: u64,
     /// Number of consecutive timer expiries since the last sample.
     backoff: u32,
     /// Added to every timeout: the peer may hold an ACK back this long.
-    ack_delay: Duration,
-    min: Duration,
-    max: Duration,
+    ack_delay: u64,
+    min: u64,
+    max: u64,
+}
+
+/// `d` in nanoseconds, at most `u64::MAX` (584 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl RttEstimator {
     pub(crate) fn new(initial: Duration, min: Duration, max: Duration, ack_delay: Duration) -> Self {
+        let (min, max) = (nanos(min), nanos(max));
         let max = max.max(min);
         RttEstimator {
             srtt: None,
-            rttvar: Duration::ZERO,
-            base: initial.clamp(min, max),
+            rttvar: 0,
+            base: nanos(initial).clamp(min, max),
             backoff: 0,
-            ack_delay,
+            ack_delay: nanos(ack_delay),
             min,
             max,
         }
@@ -37,18 +45,25 @@ impl RttEstimator {
 
     /// The smoothed RTT, zero before the first sample.
     pub(crate) fn srtt(&self) -> Duration {
-        self.srtt.unwrap_or(Duration::ZERO)
+        Duration::from_nanos(self.srtt.unwrap_or(0))
     }
 
     /// The current retransmission timeout, backoff included.
     pub(crate) fn rto(&self) -> Duration {
-        let factor = 1u32 << self.backoff.min(30);
+        Duration::from_nanos(self.rto_nanos())
+    }
+
+    /// [`RttEstimator::rto`] in nanoseconds.
+    #[inline]
+    pub(crate) fn rto_nanos(&self) -> u64 {
+        let factor = 1u64 << self.backoff.min(30);
         self.base.saturating_mul(factor).min(self.max)
     }
 
     /// Feeds one measurement.  Callers apply Karn's rule: never a sample from
     /// a packet that was retransmitted.
     pub(crate) fn sample(&mut self, r: Duration) {
+        let r = nanos(r);
         match self.srtt {
             None => {
                 self.srtt = Some(r);
@@ -56,11 +71,11 @@ impl RttEstimator {
             }
             Some(s) => {
                 let diff = s.abs_diff(r);
-                self.rttvar = (self.rttvar.saturating_mul(3).saturating_add(diff)) / 4;
-                self.srtt = Some((s.saturating_mul(7).saturating_add(r)) / 8);
+                self.rttvar = self.rttvar.saturating_mul(3).saturating_add(diff) / 4;
+                self.srtt = Some(s.saturating_mul(7).saturating_add(r) / 8);
             }
         }
-        let srtt = self.srtt();
+        let srtt = self.srtt.unwrap_or(0);
         let var = self.rttvar.saturating_mul(4).max(GRANULARITY);
         self.base = srtt.saturating_add(var).saturating_add(self.ack_delay).clamp(self.min, self.max);
         // A fresh sample ends the backoff (Karn).

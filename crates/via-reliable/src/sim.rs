@@ -11,10 +11,11 @@
 //! drive a random exchange of messages both ways over it and check what
 //! arrives against what was sent ([`Outcome`]).
 
+use crate::Time;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use via_wire::{Header, Packet};
 
@@ -197,7 +198,7 @@ pub struct NetStats {
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Flight {
-    at: Instant,
+    at: Time,
     order: u64,
     to: usize,
     corrupted: bool,
@@ -209,8 +210,8 @@ struct Flight {
 #[derive(Debug)]
 pub struct Sim {
     /// Virtual time.
-    pub now: Instant,
-    start: Instant,
+    pub now: Time,
+    start: Time,
     config: SimConfig,
     rng: SimRng,
     sessions: [Session; 2],
@@ -220,7 +221,7 @@ pub struct Sim {
     queue: BinaryHeap<Reverse<Flight>>,
     order: u64,
     /// Latest arrival scheduled towards each side, to keep links in order.
-    last_arrival: [Instant; 2],
+    last_arrival: [Time; 2],
     /// Events the sessions reported, in order, for the driver to take.
     pub events: VecDeque<(Side, Event)>,
     /// What the network did.
@@ -242,7 +243,7 @@ impl Sim {
         let mut rng = SimRng::new(net.seed);
         let pa = Peer { vi: rng.next_u64() as u32, key: rng.next_u64() };
         let pb = Peer { vi: rng.next_u64() as u32, key: rng.next_u64() };
-        let start = Instant::now();
+        let start = Time::default();
         Sim {
             now: start,
             start,
@@ -300,7 +301,7 @@ impl Sim {
     }
 
     /// When something happens next: a packet arrives or a timer fires.
-    pub fn next_time(&self) -> Option<Instant> {
+    pub fn next_time(&self) -> Option<Time> {
         let mut t = self.queue.peek().map(|f| f.0.at);
         for s in &self.sessions {
             if let Some(x) = s.poll_timeout() {
@@ -314,7 +315,7 @@ impl Sim {
     /// in order, then timers.  Each input is followed by a flush, which
     /// holds owed acknowledgements while more arrivals are due (as a
     /// receiver with more input to take does) and sends them once none are.
-    pub fn advance(&mut self, to: Instant) {
+    pub fn advance(&mut self, to: Time) {
         self.now = self.now.max(to);
         while self.queue.peek().is_some_and(|f| f.0.at <= self.now) {
             let Reverse(f) = self.queue.pop().expect("peeked");

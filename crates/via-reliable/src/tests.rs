@@ -6,7 +6,7 @@ const A: Peer = Peer { vi: 1, key: 10 };
 const B: Peer = Peer { vi: 2, key: 20 };
 
 /// Moves `x`'s packets to `y`, dropping those `lose` picks by running count.
-fn pump(x: &mut Session, y: &mut Session, now: Instant, n: &mut u64, lose: &dyn Fn(u64) -> bool) -> bool {
+fn pump(x: &mut Session, y: &mut Session, now: Time, n: &mut u64, lose: &dyn Fn(u64) -> bool) -> bool {
     let mut moved = false;
     while let Some(t) = x.poll_transmit(now) {
         moved = true;
@@ -22,7 +22,7 @@ fn pump(x: &mut Session, y: &mut Session, now: Instant, n: &mut u64, lose: &dyn 
 
 /// Moves every packet between the two sessions until both are quiet,
 /// dropping the packets `lose` picks, and runs timers.
-fn exchange(a: &mut Session, b: &mut Session, mut now: Instant, lose: &dyn Fn(u64) -> bool) -> Instant {
+fn exchange(a: &mut Session, b: &mut Session, mut now: Time, lose: &dyn Fn(u64) -> bool) -> Time {
     let mut n = 0u64;
     for _ in 0..10_000 {
         let moved = pump(a, b, now, &mut n, lose) | pump(b, a, now, &mut n, lose);
@@ -41,7 +41,7 @@ fn exchange(a: &mut Session, b: &mut Session, mut now: Instant, lose: &dyn Fn(u6
 
 #[test]
 fn sequence_numbers_wrap() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { max_payload: 8, window: 8, ..Config::default() };
     let mut a = Session::new(config.clone(), A, B, t0);
     let mut b = Session::new(config, B, A, t0);
@@ -91,7 +91,7 @@ fn sequence_numbers_wrap() {
 
 #[test]
 fn unreliable_sequence_numbers_wrap() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { reliable: false, max_payload: 8, ..Config::default() };
     let mut a = Session::new(config.clone(), A, B, t0);
     let mut b = Session::new(config, B, A, t0);
@@ -119,7 +119,7 @@ fn order_tracking_keeps_the_three_largest() {
 /// asking sends nothing.
 #[test]
 fn a_delayed_acknowledgement_goes_at_once_when_asked_for() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config::default();
     let mut a = Session::new(config.clone(), A, B, t0);
     let mut b = Session::new(config, B, A, t0);
@@ -145,7 +145,7 @@ fn a_delayed_acknowledgement_goes_at_once_when_asked_for() {
 /// time they say so `transmit` itself finds nothing either.
 #[test]
 fn nothing_to_transmit_never_hides_a_packet() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { max_payload: 8, window: 8, ..Config::default() };
     let mut a = Session::new(config.clone(), A, B, t0);
     let mut b = Session::new(config, B, A, t0);

@@ -5,8 +5,6 @@
 //! `VIA_NETSIM_SEED` reruns one seed and prints its outcome:
 //! `VIA_NETSIM_SEED=n cargo test -p via-reliable --test netsim`.
 
-use std::time::Instant;
-
 use via_reliable::netsim::{run, Outcome};
 
 fn seeds() -> Vec<u64> {
@@ -81,7 +79,7 @@ fn ports_deliver_everything_across_faults_frames_and_a_dying_host() {
     if std::env::var("VIA_NETSIM_SEED").is_ok() {
         return; // the replay test below runs that one seed
     }
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     let seeds = seeds();
     let mut totals = Totals::default();
     let mut failures = Vec::new();

@@ -1,6 +1,7 @@
 //! Rules of the protocol, one at a time, with packets moved by hand.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use via_reliable::Time;
 
 use via_reliable::sim::{run, Script, SimConfig};
 use via_reliable::{BreakReason, Config, Event, MsgKind, OutMessage, PayloadRef, Peer, SendError, Session, Transmit};
@@ -17,7 +18,7 @@ fn us(v: u64) -> Duration {
     Duration::from_micros(v)
 }
 
-fn pair(config: Config, now: Instant) -> (Session, Session) {
+fn pair(config: Config, now: Time) -> (Session, Session) {
     (Session::new(config.clone(), A, B, now), Session::new(config, B, A, now))
 }
 
@@ -37,7 +38,7 @@ fn msg(token: u64, len: u32) -> OutMessage {
     OutMessage { kind: MsgKind::Send, len, imm: None, token }
 }
 
-fn drain(s: &mut Session, now: Instant) -> Vec<Transmit> {
+fn drain(s: &mut Session, now: Time) -> Vec<Transmit> {
     std::iter::from_fn(|| s.poll_transmit(now)).collect()
 }
 
@@ -53,7 +54,7 @@ fn parsed(t: &Transmit) -> (Header, Vec<u8>) {
 }
 
 /// Encodes the packet as the I/O layer would and hands it to `to`.
-fn deliver(to: &mut Session, now: Instant, t: &Transmit) {
+fn deliver(to: &mut Session, now: Time, t: &Transmit) {
     let (h, payload) = parsed(t);
     to.handle_packet(now, &h, &payload);
 }
@@ -70,7 +71,7 @@ fn only_ack(ts: &[Transmit]) -> Transmit {
 
 #[test]
 fn rtt_is_measured_and_karn_skips_retransmitted_packets() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b) = pair(Config::default(), t0);
     a.send(msg(1, 10)).unwrap();
     let p = drain(&mut a, t0);
@@ -114,7 +115,7 @@ fn rtt_is_measured_and_karn_skips_retransmitted_packets() {
 
 #[test]
 fn timeouts_back_off_to_the_cap_then_break() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config {
         // Keep liveness timers out of the way.
         keepalive: Duration::from_secs(100),
@@ -151,7 +152,7 @@ fn timeouts_back_off_to_the_cap_then_break() {
 /// packets cover the message in order and arrive as it.
 #[test]
 fn a_message_of_two_packets_goes_as_halves() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let lens = |max: usize, len: u32| {
         let config = Config { window: 64, max_payload: max, ..Config::default() };
         let (mut a, mut b) = pair(config, t0);
@@ -201,7 +202,7 @@ fn a_message_of_two_packets_goes_as_halves() {
 
 #[test]
 fn the_window_limits_packets_in_flight() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { window: 4, max_payload: 100, ..Config::default() };
     let (mut a, mut b) = pair(config, t0);
     a.send(msg(1, 1000)).unwrap();
@@ -239,7 +240,7 @@ fn the_window_limits_packets_in_flight() {
 
 #[test]
 fn no_ack_goes_between_the_packets_of_a_message_unless_the_window_needs_it() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { window: 16, max_payload: 100, ..Config::default() };
     let (mut a, mut b) = pair(config, t0);
     a.send(msg(1, 1000)).unwrap();
@@ -290,7 +291,7 @@ fn no_ack_goes_between_the_packets_of_a_message_unless_the_window_needs_it() {
 
 #[test]
 fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { window: 16, max_payload: 100, ..Config::default() };
     let (mut a, mut b) = pair(config.clone(), t0);
     a.send(msg(1, 100)).unwrap();
@@ -337,7 +338,7 @@ fn a_busy_receiver_holds_an_owed_ack_until_it_is_idle_or_a_reply_carries_it() {
 }
 
 /// A pair whose first end has sent three messages of one packet each.
-fn three_one_packet_messages(t0: Instant) -> (Session, Session, Vec<Transmit>) {
+fn three_one_packet_messages(t0: Time) -> (Session, Session, Vec<Transmit>) {
     let config = Config { window: 16, max_payload: 100, ..Config::default() };
     let (mut a, b) = pair(config, t0);
     for token in 1..=3 {
@@ -349,7 +350,7 @@ fn three_one_packet_messages(t0: Instant) -> (Session, Session, Vec<Transmit>) {
 
 /// `three_one_packet_messages`, all three delivered to `b` while it holds
 /// its acknowledgements.
-fn three_arrived_while_acks_are_held(t0: Instant) -> (Session, Session, Vec<Transmit>) {
+fn three_arrived_while_acks_are_held(t0: Time) -> (Session, Session, Vec<Transmit>) {
     let (a, mut b, p) = three_one_packet_messages(t0);
     b.hold_acks();
     for t in &p {
@@ -360,7 +361,7 @@ fn three_arrived_while_acks_are_held(t0: Instant) -> (Session, Session, Vec<Tran
 
 #[test]
 fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b, p) = three_one_packet_messages(t0);
     assert_eq!(p.len(), 3);
     deliver(&mut b, t0, &p[0]);
@@ -390,7 +391,7 @@ fn held_acks_cover_only_what_arrived_before_the_hold_until_released() {
 
 #[test]
 fn a_reply_acknowledges_what_the_owner_says_it_placed_while_acks_are_held() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b, p) = three_arrived_while_acks_are_held(t0);
     // Messages 1 and 2 placed; message 3 (seq 3) not yet.
     b.placed_before(p[2].header.seq);
@@ -410,7 +411,7 @@ fn a_reply_acknowledges_what_the_owner_says_it_placed_while_acks_are_held() {
 
 #[test]
 fn a_disconnect_acknowledges_everything_even_while_acks_are_held() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b) = pair(Config::default(), t0);
     a.send(msg(1, 100)).unwrap();
     let p = drain(&mut a, t0);
@@ -426,7 +427,7 @@ fn a_disconnect_acknowledges_everything_even_while_acks_are_held() {
 
 #[test]
 fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b, p) = three_arrived_while_acks_are_held(t0);
     // The owner placed message 1 and refused message 2 (seq 2).
     b.close_refusing(p[1].header.seq, 7);
@@ -439,7 +440,7 @@ fn a_refusing_break_acknowledges_only_the_packets_before_the_refused_one() {
 
 #[test]
 fn a_lost_break_is_said_again_to_the_peers_retransmission() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b, p) = three_arrived_while_acks_are_held(t0);
     b.close_refusing(p[1].header.seq, 7);
     let out = drain(&mut b, t0);
@@ -470,7 +471,7 @@ fn a_lost_break_is_said_again_to_the_peers_retransmission() {
 
 #[test]
 fn sack_spares_received_packets_from_retransmission() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { max_payload: 10, ..Config::default() };
     let (mut a, mut b) = pair(config, t0);
     a.send(msg(7, 40)).unwrap();
@@ -515,7 +516,7 @@ fn sack_spares_received_packets_from_retransmission() {
 
 #[test]
 fn a_hole_is_retransmitted_fast_after_three_later_packets() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { max_payload: 10, ..Config::default() };
     let (mut a, mut b) = pair(config, t0);
     a.send(msg(3, 50)).unwrap();
@@ -546,7 +547,7 @@ fn a_hole_is_retransmitted_fast_after_three_later_packets() {
 
 #[test]
 fn packets_with_a_wrong_key_or_vi_are_counted_and_ignored() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b) = pair(Config::default(), t0);
     a.send(msg(1, 5)).unwrap();
     let p = drain(&mut a, t0)[0];
@@ -573,7 +574,7 @@ fn packets_with_a_wrong_key_or_vi_are_counted_and_ignored() {
 
 #[test]
 fn without_the_payload_crc_packets_say_so_and_a_checking_session_refuses_them() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let unchecked = Config { payload_crc: false, ..Config::default() };
     let (mut a, mut b) = pair(unchecked.clone(), t0);
     a.send(msg(1, 300)).unwrap();
@@ -639,7 +640,7 @@ fn bulk_transfer_of_10k_messages_at_1_percent_loss() {
 
 #[test]
 fn close_and_disconnect_reach_the_peer() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b) = pair(Config::default(), t0);
     a.close(77);
     assert!(a.is_closed());
@@ -672,12 +673,12 @@ fn close_and_disconnect_reach_the_peer() {
 
 #[test]
 fn keepalives_keep_an_idle_connection_alive_and_silence_breaks_it() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b) = pair(Config::default(), t0);
     let mut now = t0;
     let mut probes = 0;
     // Runs `x`'s timers and answers its probes from `y`.
-    fn tick(x: &mut Session, y: &mut Session, now: Instant) -> usize {
+    fn tick(x: &mut Session, y: &mut Session, now: Time) -> usize {
         let mut probes = 0;
         if x.poll_timeout().unwrap() <= now {
             x.handle_timeout(now);
@@ -720,7 +721,7 @@ fn keepalives_keep_an_idle_connection_alive_and_silence_breaks_it() {
 
 #[test]
 fn unreliable_delivers_whole_messages_or_nothing() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { reliable: false, max_payload: 10, ..Config::default() };
     let (mut a, mut b) = pair(config, t0);
     a.send(msg(1, 30)).unwrap();
@@ -759,7 +760,7 @@ fn unreliable_delivers_whole_messages_or_nothing() {
 
 #[test]
 fn hostile_headers_are_dropped_and_counted() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { max_message: 1 << 20, ..Config::default() };
     let (mut a, mut b) = pair(config, t0);
     let base = Header {
@@ -844,7 +845,7 @@ fn hostile_headers_are_dropped_and_counted() {
 
 #[test]
 fn rdma_messages_carry_their_fields() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b) = pair(Config::default(), t0);
     let req = a
         .send(OutMessage {
@@ -915,7 +916,7 @@ fn rdma_messages_carry_their_fields() {
 
 #[test]
 fn sizes_and_limits() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { max_message: 100, max_payload: 40, ..Config::default() };
     let (mut a, _b) = pair(config, t0);
     assert_eq!(a.send(msg(1, 101)), Err(SendError::TooLarge));
@@ -937,7 +938,7 @@ fn sizes_and_limits() {
 
 #[test]
 fn in_place_delivery_returns_in_order_segments_before_released_ones() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let config = Config { max_payload: 4, ..Config::default() };
     let (mut a, mut b) = pair(config, t0);
     a.send(msg(7, 12)).unwrap();
@@ -981,7 +982,7 @@ fn in_place_delivery_returns_in_order_segments_before_released_ones() {
 
 #[test]
 fn unreliable_one_packet_messages_are_placed_in_place_once() {
-    let t0 = Instant::now();
+    let t0 = Time::default();
     let (mut a, mut b) = pair(Config { reliable: false, ..Config::default() }, t0);
     a.send(msg(3, 6)).unwrap();
     let (h, p) = parsed(&data_packets(&drain(&mut a, t0))[0]);

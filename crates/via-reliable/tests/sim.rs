@@ -4,8 +4,6 @@
 //! many unreliable ones run too); `VIA_SIM_SEED` reruns one seed of both
 //! kinds and prints its outcome.
 
-use std::time::Instant;
-
 use via_reliable::sim::{run, Outcome, Script};
 
 fn seeds() -> Vec<u64> {
@@ -26,7 +24,7 @@ fn report(kind: &str, script: &Script, o: &Outcome, why: &str) -> String {
 
 #[test]
 fn reliable_sessions_deliver_everything_exactly_once_in_order() {
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     let seeds = seeds();
     let mut failures = Vec::new();
     let (mut completed, mut broken, mut retransmits) = (0, 0, 0u64);
@@ -63,7 +61,7 @@ fn reliable_sessions_deliver_everything_exactly_once_in_order() {
 
 #[test]
 fn unreliable_sessions_never_deliver_corrupt_partial_or_duplicate_messages() {
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     let mut seeds = seeds();
     if std::env::var("VIA_SIM_SEED").is_err() {
         seeds.truncate(seeds.len().div_ceil(2));

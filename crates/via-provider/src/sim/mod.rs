@@ -31,10 +31,11 @@ use crate::tuning::{tuning, CqMode, Doorbell, Tuning};
 use crate::vi::Vi;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use via_core::error::ViaResult;
 use via_reliable::netsim::{FaultInjector, Faults, NetConfig, NetStats, SimNet, MAX_HOSTS};
 use via_reliable::sim::SimRng;
+use via_reliable::Time;
 use via_shm::ring::INLINE_MAX;
 
 /// How far virtual time moves when nothing at all is pending: the
@@ -83,7 +84,7 @@ pub(crate) struct Sim {
     faults: FaultInjector,
     rng: SimRng,
     /// The earliest timer of the live hosts' sessions, as last run.
-    next_timer: Option<Instant>,
+    next_timer: Option<Time>,
     /// The connected VIs and their hosts, in the order they connected.
     vis: Vec<(usize, Weak<Vi>)>,
     /// Steps in a row that left virtual time where it was.
@@ -91,7 +92,7 @@ pub(crate) struct Sim {
     /// The shared-memory connections between VIs of one host, their host
     /// and when the peer stops letting this side attach, in the order they
     /// connected.
-    local: Vec<(usize, Weak<Conn>, Option<Instant>)>,
+    local: Vec<(usize, Weak<Conn>, Option<Time>)>,
     /// Connections made over shared memory, and of those through the ring
     /// (from the start, or one side from a moment on).
     pub(crate) local_links: u64,
@@ -107,7 +108,7 @@ impl Sim {
         let mut rng = SimRng::new(seed ^ 0x005E_ED0F_5111);
         let config = random_net(&mut rng);
         let net = SimNet::new(config.clone());
-        simulated::set(Some(net.now));
+        simulated::set(Some(crate::clock::instant_of(net.now)));
         // Half the seeds: ports with both offloads, whose sessions send
         // large packets where both ends take them.
         let large = rng.chance(0.5);
@@ -160,7 +161,7 @@ impl Sim {
     /// of two hosts, over shared memory if of one.  Both are connected
     /// when it returns.
     pub(crate) fn connect(&mut self, a: &Arc<Vi>, b: &Arc<Vi>) -> ViaResult<()> {
-        simulated::set(Some(self.net.now));
+        simulated::set(Some(crate::clock::instant_of(self.net.now)));
         let host_of =
             |vi: &Vi| self.hosts.iter().position(|h| Arc::ptr_eq(&h.nic, &vi.nic)).expect("a VI of a simulated host");
         let (ha, hb) = (host_of(a), host_of(b));
@@ -208,7 +209,7 @@ impl Sim {
     /// As `step`, but virtual time moves by `most` at most: a sleeping
     /// wait wakes at its deadline.
     pub(crate) fn step_within(&mut self, most: Option<Duration>) {
-        simulated::set(Some(self.net.now));
+        simulated::set(Some(crate::clock::instant_of(self.net.now)));
         // What the application sent since the last step leaves first.
         self.carry();
         let mut arrived = false;
@@ -261,7 +262,7 @@ impl Sim {
                 None => now + IDLE_TICK,
             };
             self.net.now = most.map_or(to, |most| to.min(now + most));
-            simulated::set(Some(self.net.now));
+            simulated::set(Some(crate::clock::instant_of(self.net.now)));
         }
         // A timer that falls due again and again at the same instant
         // would stop virtual time, and with it every time limit.

@@ -1,8 +1,8 @@
 //! A host's VIs, as the provider's VI handles packets ([`HostVis`] is the
 //! [`Routes`] its endpoint hands them to), and the host itself.
 
+use crate::Time;
 use std::collections::HashMap;
-use std::time::Instant;
 
 use via_wire::Header;
 
@@ -73,7 +73,7 @@ pub(super) struct Link {
 impl Link {
     /// End `side` of connection `conn` of `case`, connected at `now`;
     /// `stale_key` is the key of the VI's previous connection, if any.
-    pub(super) fn new(case: &Case, conn: usize, side: usize, now: Instant, stale_key: Option<u64>) -> Link {
+    pub(super) fn new(case: &Case, conn: usize, side: usize, now: Time, stale_key: Option<u64>) -> Link {
         let spec = &case.conns[conn];
         let ((_, local), (peer_host, remote)) = (spec.ends[side], spec.ends[1 - side]);
         let config = Config { reliable: spec.reliable, ..case.session.clone() };
@@ -109,7 +109,7 @@ impl Link {
     /// does.
     pub(super) fn send_message(
         &mut self,
-        now: Instant,
+        now: Time,
         kind: MsgKind,
         imm: Option<u32>,
         data: Vec<u8>,
@@ -125,13 +125,13 @@ impl Link {
 
     /// Ends the connection as the application's disconnect does: the
     /// DISCONNECT leaves at once.
-    pub(super) fn disconnect(&mut self, now: Instant, out: &mut HostOut) {
+    pub(super) fn disconnect(&mut self, now: Time, out: &mut HostOut) {
         self.session.disconnect();
         self.flush_and_apply(now, false, out);
     }
 
     /// Runs the session's timers if due, and sends what they call for.
-    pub(super) fn run_timers(&mut self, now: Instant, out: &mut HostOut) {
+    pub(super) fn run_timers(&mut self, now: Time, out: &mut HostOut) {
         if self.session.poll_timeout().is_some_and(|t| t <= now) {
             self.session.handle_timeout(now);
             self.flush_and_apply(now, false, out);
@@ -144,7 +144,7 @@ impl Link {
     /// (with `app_away`: whether anything is unacknowledged).
     fn deliver(
         &mut self,
-        now: Instant,
+        now: Time,
         packets: &[(Header, &[u8])],
         frame: bool,
         app_away: bool,
@@ -175,7 +175,7 @@ impl Link {
     /// Sends the acknowledgement held back, if still owed (with
     /// `app_away`: of everything received, without the delay).  Returns
     /// whether a packet went.
-    fn send_owed_ack(&mut self, now: Instant, app_away: bool, out: &mut HostOut) -> bool {
+    fn send_owed_ack(&mut self, now: Time, app_away: bool, out: &mut HostOut) -> bool {
         if !self.session.ready_idle_ack(app_away) {
             return false;
         }
@@ -187,7 +187,7 @@ impl Link {
     /// Hands one packet to the session; a packet not meant for this
     /// connection (misdirected, or left from the VI's previous connection)
     /// must be refused by the key check and give nothing.
-    fn take_packet(&mut self, now: Instant, h: &Header, payload: &[u8], pending: &mut Vec<Event>, out: &mut HostOut) {
+    fn take_packet(&mut self, now: Time, h: &Header, payload: &[u8], pending: &mut Vec<Event>, out: &mut HostOut) {
         let meant = h.key == self.local.key && h.src_vi == self.remote.vi && h.dst_vi == self.local.vi;
         let stale = self.stale_key == Some(h.key);
         let before = self.session.stats();
@@ -273,7 +273,7 @@ impl Link {
         }
     }
 
-    pub(super) fn flush_and_apply(&mut self, now: Instant, busy: bool, out: &mut HostOut) {
+    pub(super) fn flush_and_apply(&mut self, now: Time, busy: bool, out: &mut HostOut) {
         let mut events = Vec::new();
         self.flush(now, busy, &mut events, out);
         self.apply(events, out);
@@ -283,7 +283,7 @@ impl Link {
     /// does: the one fresh packet of a flush may go as a frame, if it is
     /// the only one in flight.  `busy`: more input is coming, an owed
     /// acknowledgement may wait.
-    fn flush(&mut self, now: Instant, busy: bool, events: &mut Vec<Event>, out: &mut HostOut) {
+    fn flush(&mut self, now: Time, busy: bool, events: &mut Vec<Event>, out: &mut HostOut) {
         let retransmits = self.session.stats().retransmits;
         let mut built: Vec<(Vec<u8>, Origin)> = Vec::new();
         loop {
@@ -347,7 +347,7 @@ impl Link {
 /// A host's VIs: the [`Routes`] its endpoint hands packets to.
 #[derive(Debug)]
 pub struct HostVis {
-    pub(super) now: Instant,
+    pub(super) now: Time,
     /// The route table: each VI's current connection.
     pub(super) links: Vec<Link>,
     /// Connections whose VIs connected again since: no longer routed to,
@@ -412,5 +412,5 @@ pub(super) struct Host {
     pub(super) vis: HostVis,
     pub(super) alive: bool,
     /// When it polls next (packets arrived).
-    pub(super) wake: Option<Instant>,
+    pub(super) wake: Option<Time>,
 }

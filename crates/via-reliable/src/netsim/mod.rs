@@ -78,7 +78,8 @@ pub use faults::{FaultInjector, Faults, Partition};
 pub use host::HostVis;
 pub use net::{Carried, NetConfig, NetStats, Origin, Outgoing, Path, SendSide, SimNet};
 
-use std::time::{Duration, Instant};
+use crate::Time;
+use std::time::Duration;
 
 use crate::endpoint::{Endpoint, Tally};
 use crate::sim::SimRng;
@@ -448,8 +449,8 @@ impl NetSim {
 
     /// When something happens next: an arrival, a poll, the death, a
     /// scripted send or a timer.
-    fn next_time(&self) -> Option<Instant> {
-        let mut times: Vec<Instant> = Vec::new();
+    fn next_time(&self) -> Option<Time> {
+        let mut times: Vec<Time> = Vec::new();
         times.extend(self.net.next_arrival());
         if let (Some((_, at)), None) = (self.case.death, self.died) {
             times.push(self.net.now + at.saturating_sub(self.net.elapsed()));

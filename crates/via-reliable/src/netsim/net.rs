@@ -2,9 +2,10 @@
 //! beyond their bytes, the send side of a host's datapath, and [`SimNet`],
 //! which carries packets between hosts on two paths per host pair.
 
+use crate::Time;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use via_wire::Kind;
 
@@ -108,7 +109,7 @@ impl Carried {
 /// A packet on its way, ordered by arrival.
 #[derive(Debug)]
 struct Flight {
-    at: Instant,
+    at: Time,
     order: u64,
     packet: Carried,
 }
@@ -177,14 +178,14 @@ pub struct NetStats {
 /// The network between the hosts: packets in flight, by arrival time.
 #[derive(Debug)]
 pub struct SimNet {
-    start: Instant,
+    start: Time,
     /// Virtual time.
-    pub now: Instant,
+    pub now: Time,
     config: NetConfig,
     queue: BinaryHeap<Reverse<Flight>>,
     order: u64,
     /// Latest arrival scheduled per (from, to, path), to keep each path in order.
-    last_arrival: [[[Instant; 2]; MAX_HOSTS]; MAX_HOSTS],
+    last_arrival: [[[Time; 2]; MAX_HOSTS]; MAX_HOSTS],
     /// What happened to the packets.
     pub stats: NetStats,
 }
@@ -192,7 +193,7 @@ pub struct SimNet {
 impl SimNet {
     /// An empty network whose time starts now.
     pub fn new(config: NetConfig) -> SimNet {
-        let start = Instant::now();
+        let start = Time::default();
         SimNet {
             start,
             now: start,
@@ -230,7 +231,7 @@ impl SimNet {
     }
 
     /// When the next packet arrives.
-    pub fn next_arrival(&self) -> Option<Instant> {
+    pub fn next_arrival(&self) -> Option<Time> {
         self.queue.peek().map(|f| f.0.at)
     }
 

@@ -80,6 +80,7 @@ mod tests {
 
     /// The word of a session between `LOCAL` and `REMOTE` that broke.
     fn word(now: Instant) -> LastWord {
+        let now = crate::clock::time_of(now);
         let mut s = Session::new(Config::default(), LOCAL, REMOTE, now);
         s.close(7);
         while s.poll_transmit(now).is_some() {}

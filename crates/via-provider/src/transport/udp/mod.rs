@@ -52,7 +52,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 use via_core::error::{ViaError, ViaResult};
 use via_reliable::endpoint::{Arrivals, Beside, Datapath, Endpoint, FrameChoice, Routes, Tally};
-use via_reliable::{BreakReason, Config, Event, LastWord, Segment, Session};
+use via_reliable::{BreakReason, Config, Event, LastWord, Segment, Session, Time};
 use via_wire::frame::{Frame, MAC_LEN};
 use via_wire::{Header, Packet, FLAG_LAST, HEADER_LEN};
 use viad_client::client::DeviceInfo;
@@ -73,7 +73,7 @@ pub(crate) trait NetReceiver: Send + Sync {
     /// Sends the acknowledgement `net_input` held back.
     fn send_owed_ack(&self, link: &Arc<NetLink>, app_away: bool);
     /// Runs its session's timers; returns its next deadline.
-    fn net_timers(&self, link: &Arc<NetLink>, now: Instant) -> Option<Instant>;
+    fn net_timers(&self, link: &Arc<NetLink>, now: Time) -> Option<Time>;
 }
 
 /// Whose registry a link's outgoing buffers are checked against before
@@ -234,15 +234,9 @@ impl Handover {
     }
 }
 
-/// Nanoseconds since the first call: the clock of the hand-over.
+/// The clock of the hand-over: the sessions' `Time`, in nanoseconds.
 pub(crate) fn epoch_ns() -> u64 {
-    ns_since_epoch(Instant::now())
-}
-
-/// `t` on the clock of the hand-over (0 before its start).
-fn ns_since_epoch(t: Instant) -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    t.saturating_duration_since(*EPOCH.get_or_init(Instant::now)).as_nanos() as u64
+    crate::clock::time_of(Instant::now()).as_nanos()
 }
 
 /// An application thread asleep on a port: while it exists, the helper
@@ -284,7 +278,11 @@ impl progress::Source for NetPort {
             }
         }
         // The sessions' timers of a port the application polls are its polls'.
-        let timers = if self.handover.app_is_polling() { None } else { self.run_timers(now) };
+        let timers = if self.handover.app_is_polling() {
+            None
+        } else {
+            self.run_timers(crate::clock::time_of(now)).map(crate::clock::instant_of)
+        };
         timers.into_iter().chain(look_again).min()
     }
 }
@@ -590,15 +588,15 @@ impl NetPort {
     /// A session timer of this port falls due at `deadline`: the
     /// application's polls run it if they still go on by then, else the
     /// helper thread does.
-    pub(crate) fn timer_before(&self, deadline: Instant) {
-        let at = ns_since_epoch(deadline);
+    pub(crate) fn timer_before(&self, deadline: Time) {
+        let at = deadline.as_nanos();
         // A read first: most timers are later than the earliest, and a
         // write would pull the port's line from its other VIs' threads.
         if at < self.timers_due_ns.load(Ordering::Relaxed) {
             self.timers_due_ns.fetch_min(at, Ordering::Relaxed);
         }
         if !self.handover.app_is_polling() && !self.is_simulated() {
-            progress::kick_before(deadline);
+            progress::kick_before(crate::clock::instant_of(deadline));
         }
     }
 
@@ -606,14 +604,14 @@ impl NetPort {
     /// thread: while it polls, the helper thread sleeps through them
     /// rather than wake on its CPU.
     fn run_due_timers(&self) {
-        let now = crate::clock::now();
-        if ns_since_epoch(now) < self.timers_due_ns.load(Ordering::Relaxed) {
+        let now = crate::clock::now_time();
+        if now.as_nanos() < self.timers_due_ns.load(Ordering::Relaxed) {
             return;
         }
-        let next = self.run_timers(now).map_or(u64::MAX, ns_since_epoch);
+        let next = self.run_timers(now).map_or(u64::MAX, Time::as_nanos);
         // The next look, at the latest QUIET_MAX from now: a timer armed
         // without `timer_before` is not missed for longer.
-        let soon = ns_since_epoch(now) + QUIET_MAX.as_nanos() as u64;
+        let soon = now.as_nanos() + QUIET_MAX.as_nanos() as u64;
         self.timers_due_ns.store(next.min(soon), Ordering::Relaxed);
     }
 
@@ -819,7 +817,7 @@ impl NetPort {
     }
 
     /// Runs the timers of every VI on this port; returns the next deadline.
-    pub fn run_timers(&self, now: Instant) -> Option<Instant> {
+    pub fn run_timers(&self, now: Time) -> Option<Time> {
         let vis: Vec<_> = self.vis.read().values().filter_map(Route::upgrade).collect();
         vis.iter().filter_map(|(vi, link)| vi.net_timers(link, now)).min()
     }
@@ -1269,7 +1267,7 @@ impl NetLink {
             local_vi: local.vi,
             placed_acks,
             state: Mutex::new(NetState {
-                session: Session::new(config, local, remote, crate::clock::now()),
+                session: Session::new(config, local, remote, crate::clock::now_time()),
                 outbound: Outbound::default(),
                 registry_of: None,
                 out: OutPackets::default(),
@@ -1303,22 +1301,22 @@ impl NetState {
     /// Sends everything the session has to send on `link` (whose state
     /// this is), and collects its events.
     pub fn flush(&mut self, link: &NetLink, events: &mut NetEvents<'_>) {
-        self.flush_at(link, crate::clock::now(), events);
+        self.flush_at(link, crate::clock::now_time(), events);
     }
 
     /// [`NetState::flush`] at `now`, for a caller that has just read the clock.
-    pub fn flush_at(&mut self, link: &NetLink, now: Instant, events: &mut NetEvents<'_>) {
+    pub fn flush_at(&mut self, link: &NetLink, now: Time, events: &mut NetEvents<'_>) {
         self.flush_with(link, now, events, false);
     }
 
     /// [`NetState::flush_at`] for a receiver with more input to take: an
     /// acknowledgement that may wait is held (`Session::poll_transmit_busy`)
     /// until the port is idle or a reply carries it.
-    pub fn flush_busy(&mut self, link: &NetLink, now: Instant, events: &mut NetEvents<'_>) {
+    pub fn flush_busy(&mut self, link: &NetLink, now: Time, events: &mut NetEvents<'_>) {
         self.flush_with(link, now, events, true);
     }
 
-    fn flush_with(&mut self, link: &NetLink, now: Instant, events: &mut NetEvents<'_>, busy: bool) {
+    fn flush_with(&mut self, link: &NetLink, now: Time, events: &mut NetEvents<'_>, busy: bool) {
         let port = &*link.port;
         let send = |packets: &OutPackets| port.send_all(link.peer, link.connected.as_deref(), packets);
         // Packets of a datagram each; a large packet (longer) is a GSO

@@ -69,7 +69,7 @@ impl NetReceiver for Vi {
             if frame {
                 st.heard_frame();
             }
-            let now = crate::clock::now();
+            let now = crate::clock::now_time();
             // What arrives now is acknowledged once it is placed (below).
             st.session.hold_acks();
             for &(ref header, payload) in packets {
@@ -103,7 +103,7 @@ impl NetReceiver for Vi {
         let owed = {
             let mut st = link.state.lock();
             st.session.release_acks();
-            st.flush_busy(link, crate::clock::now(), &mut more);
+            st.flush_busy(link, crate::clock::now_time(), &mut more);
             if let Some(t) = st.session.poll_timeout() {
                 link.port.timer_before(t);
             }
@@ -140,7 +140,7 @@ impl NetReceiver for Vi {
         }
     }
 
-    fn net_timers(&self, link: &Arc<NetLink>, now: std::time::Instant) -> Option<std::time::Instant> {
+    fn net_timers(&self, link: &Arc<NetLink>, now: via_reliable::Time) -> Option<via_reliable::Time> {
         let mut events = NetEvents::new();
         let next = {
             let mut st = link.state.lock();
@@ -153,7 +153,8 @@ impl NetReceiver for Vi {
         if !events.is_empty() {
             self.apply_net(link, &mut events);
         }
-        next.into_iter().chain(self.expire_unanswered(now)).min()
+        let unanswered = self.expire_unanswered(crate::clock::instant_of(now)).map(crate::clock::time_of);
+        next.into_iter().chain(unanswered).min()
     }
 }
 
@@ -607,7 +608,7 @@ impl Vi {
             self.bump();
         }
         if let Some(t) = f.deadline {
-            link.port.timer_before(t);
+            link.port.timer_before(crate::clock::time_of(t));
         }
         if !f.replies.is_empty() || f.close.is_some() || f.refused.is_some() {
             let mut more = NetEvents::new();
