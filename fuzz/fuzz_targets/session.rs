@@ -4,10 +4,10 @@
 
 #![no_main]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use via_reliable::{Config, Event, MsgKind, OutMessage, Peer, Session, Transmit};
+use via_reliable::{Config, Event, MsgKind, OutMessage, Peer, Session, Time, Transmit};
 use via_wire::{Header, Kind, Packet, FLAGS_KNOWN};
 
 const A: Peer = Peer { vi: 1, key: 0xAAAA };
@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
         payload_crc: mode & 4 == 0,
         ..Config::default()
     };
-    let mut now = Instant::now();
+    let mut now = Time::default();
     let mut s = [
         Session::new(config.clone(), A, B, now),
         Session::new(config, B, A, now),
