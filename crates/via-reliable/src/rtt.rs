@@ -1,5 +1,6 @@
 //! Round-trip time estimation and the retransmission timeout.
 
+use crate::time::nanos;
 use std::time::Duration;
 
 /// Clock granularity term of the timeout, so a perfectly steady RTT (zero
@@ -21,11 +22,6 @@ pub(crate) struct RttEstimator {
     ack_delay: u64,
     min: u64,
     max: u64,
-}
-
-/// `d` in nanoseconds, at most `u64::MAX` (584 years).
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl RttEstimator {

@@ -46,6 +46,11 @@ impl Time {
     }
 }
 
+/// `d` in nanoseconds, at most `u64::MAX` (584 years).
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl std::ops::Add<Duration> for Time {
     type Output = Time;
 
@@ -69,7 +74,7 @@ impl std::ops::Sub<Duration> for Time {
     /// `d` earlier, at least the epoch.
     #[inline]
     fn sub(self, d: Duration) -> Time {
-        Time(self.0.saturating_sub(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+        Time(self.0.saturating_sub(nanos(d)))
     }
 }
 
