@@ -158,6 +158,56 @@ impl Vi {
         }
     }
 
+    /// `VipRecvDone`'s common case on shared memory, in one step, while
+    /// no receive is complete and nothing else is under way on the ring
+    /// (pieces, an RDMA write, answers owed): `Some(None)` when the ring is
+    /// empty; `Some(Some(desc))` when its next slot was a whole inline send
+    /// (with or without immediate data) for the first pending receive,
+    /// whose buffers are still registered and long enough: the slot is
+    /// taken, the receive completed and removed from the queue.  `None`
+    /// leaves everything as it was for `drain_ring`, which takes the same
+    /// slot the same way and handles every other case.
+    pub(crate) fn take_inline_send(&self, q: &mut RecvQueue) -> Option<Option<DescPtr>> {
+        if q.done != 0 || q.failed != 0 || q.pieces.is_some() || q.rdma.is_some() || !q.answers.is_empty() {
+            return None;
+        }
+        let rx = q.seg.as_deref()?.rx();
+        let hdr = match rx.peek() {
+            Ok(Some(hdr)) => hdr,
+            Ok(None) => return Some(None),
+            Err(_) => return None,
+        };
+        let item = q.items.front()?;
+        if hdr.kind != SLOT_SEND
+            || hdr.flags & !FLAG_IMMEDIATE != FLAG_INLINE
+            || hdr.status != 0
+            || item.seq != Some(hdr.recv_seq)
+            || hdr.length as u64 > item.total
+            || self.nic.registry.deregistrations() != item.epoch
+        {
+            return None;
+        }
+        let timer = StageTimer::start();
+        let dst = item
+            .segs
+            .iter()
+            // SAFETY: validated against the registry when posted, and no
+            // region went since (`deregistrations`).
+            .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) });
+        let length = rx.read_payload_into(dst) as u32;
+        let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
+        let status = STATUS_OP_RECEIVE | if imm.is_some() { STATUS_IMMEDIATE } else { 0 };
+        item.desc.complete(status, length, imm);
+        rx.pop();
+        self.hot.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
+        let desc = q.items.pop_front().map(|i| i.desc);
+        q.cq_seen = q.cq_seen.saturating_sub(1);
+        q.tally.add(Counter::MsgsReceived, 1);
+        q.tally.add(Counter::BytesReceived, length as u64);
+        timer.stop(&self.nic.counters, Counter::ReceiveNs, Some(Counter::Receives));
+        Some(desc)
+    }
+
     pub(crate) fn drain_ring(&self, q: &mut RecvQueue, seg: &ConnSegment, how: Drain) -> Option<Break> {
         let rx = seg.rx();
         let impossible = || {
