@@ -7,7 +7,7 @@
 //! different objects never contend.
 
 use parking_lot::RwLock;
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::LocalKey;
@@ -48,25 +48,31 @@ pub(crate) struct ThreadCache<T> {
     /// entry's object to its closure, so while any runs no entry is
     /// replaced or dropped: the cache is only filled and emptied at zero.
     lent: Cell<u32>,
-    slots: RefCell<Vec<Option<Cached<T>>>>,
+    /// Indexed by the handle's table index.  Only this thread touches it,
+    /// and no reference into it outlives the method that made it (`find`
+    /// hands out a pointer to an entry, valid while nothing fills or
+    /// empties the cache: see `lent`).
+    slots: UnsafeCell<Vec<Option<Cached<T>>>>,
 }
 
 impl<T> ThreadCache<T> {
     /// An empty cache, for a `thread_local!`.
     pub(crate) const fn new() -> ThreadCache<T> {
-        ThreadCache { table: Cell::new(0), epoch: Cell::new(0), lent: Cell::new(0), slots: RefCell::new(Vec::new()) }
+        ThreadCache { table: Cell::new(0), epoch: Cell::new(0), lent: Cell::new(0), slots: UnsafeCell::new(Vec::new()) }
     }
 
-    /// Drops every entry (outside the borrow: an object's drop may use a cache).
+    /// Drops every entry (after taking them out: an object's drop may use a cache).
     fn empty(&self) {
-        let old = std::mem::take(&mut *self.slots.borrow_mut());
+        // SAFETY: no reference into the entries is alive (see `slots`).
+        let old = std::mem::take(unsafe { &mut *self.slots.get() });
         drop(old);
     }
 
     /// The cached object of `handle` at `index`.  The pointer stays valid
     /// while the cache is neither filled nor emptied.
     fn find(&self, index: usize, handle: Handle) -> Option<*const Arc<T>> {
-        match self.slots.borrow().get(index) {
+        // SAFETY: no mutable reference into the entries is alive (see `slots`).
+        match unsafe { &*self.slots.get() }.get(index) {
             Some(Some((h, object))) if *h == handle => Some(object as *const Arc<T>),
             _ => None,
         }
@@ -74,7 +80,8 @@ impl<T> ThreadCache<T> {
 
     fn put(&self, index: usize, entry: Cached<T>) {
         let old = {
-            let mut slots = self.slots.borrow_mut();
+            // SAFETY: no reference into the entries is alive (see `slots`).
+            let slots = unsafe { &mut *self.slots.get() };
             if slots.len() <= index {
                 slots.resize_with((index + 1).next_power_of_two(), || None);
             }
@@ -201,13 +208,14 @@ impl<T> Table<T> {
             let (index, _) = self.locate(handle)?;
             let removed = self.removed.load(Ordering::Acquire);
             let fresh = cache.epoch.get() == removed && cache.table.get() == self.id;
-            if cache.lent.get() > 0 {
-                // Inside another call's `f`: the cache serves what it holds
-                // if that is still fresh, and is left as it is.
-                if let Some(object) = cache.find(index, handle).filter(|_| fresh) {
-                    // SAFETY: found just now; nothing fills or empties the cache while lent.
+            if fresh {
+                if let Some(object) = cache.find(index, handle) {
+                    // SAFETY: found just now.
                     return Some(unsafe { cache.lend(object, f) });
                 }
+            }
+            if cache.lent.get() > 0 {
+                // Inside another call's `f`: the cache is left as it is.
                 return self.get(handle).map(|object| f(&object));
             }
             if !fresh {
