@@ -283,14 +283,12 @@ impl Nic {
         Ok(self.net_port.get_or_init(|| port).clone())
     }
 
-    /// The application polls: drains the network port, if one is open
-    /// (then true).
+    /// The application polls: drains the network port, if one is open.
+    /// Whether that may have completed something (`NetPort::poll_for_app`),
+    /// so that the poll looks at its queues again.
     pub fn poll_net(&self) -> bool {
         match self.net_port.get() {
-            Some(p) => {
-                p.poll_for_app();
-                true
-            }
+            Some(p) => p.poll_for_app(),
             None => false,
         }
     }

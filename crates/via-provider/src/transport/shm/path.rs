@@ -194,10 +194,11 @@ impl Vi {
     /// leaves everything as it was for `drain_ring`, which takes the same
     /// slot the same way and handles every other case.
     pub(crate) fn take_inline_send(&self, q: &mut RecvQueue) -> Option<Option<DescPtr>> {
+        // A network VI has no ring, and costs one test here.
+        let rx = q.seg.as_deref()?.rx();
         if q.done != 0 || q.failed != 0 || q.pieces.is_some() || q.rdma.is_some() || !q.answers.is_empty() {
             return None;
         }
-        let rx = q.seg.as_deref()?.rx();
         let hdr = match rx.peek() {
             Ok(Some(hdr)) => hdr,
             Ok(None) => return Some(None),

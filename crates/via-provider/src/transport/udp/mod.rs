@@ -579,10 +579,11 @@ impl NetPort {
     }
 
     /// The application polls: drains the sockets, and tells the helper
-    /// thread to leave them alone for a while.
-    pub fn poll_for_app(&self) {
+    /// thread to leave them alone for a while.  Whether the poll may have
+    /// completed something (`poll_port`; true while another thread drains).
+    pub fn poll_for_app(&self) -> bool {
         self.handover.polled();
-        self.poll(false);
+        self.poll_port(false).unwrap_or(true)
     }
 
     /// A session timer of this port falls due at `deadline`: the
@@ -630,14 +631,22 @@ impl NetPort {
     /// for this poll, or with `everything` all of them.  Returns false when
     /// another thread is draining them already.
     pub fn poll(&self, everything: bool) -> bool {
-        let Some(mut engine) = self.engine.try_lock() else { return false };
+        self.poll_port(everything).is_some()
+    }
+
+    /// [`NetPort::poll`]: `None` when another thread is draining the
+    /// sockets, else whether the poll may have completed a work queue's
+    /// descriptor: a packet came, an owed acknowledgement went (its flush
+    /// may end unreliable sends), or the sessions' timers were looked at.
+    fn poll_port(&self, everything: bool) -> Option<bool> {
+        let mut engine = self.engine.try_lock()?;
         let engine = &mut *engine;
         #[cfg(test)]
         if let Some(wire) = &self.sim {
             // The simulator runs the timers, in an order of its own.
             engine.endpoint.poll(&mut *wire.arrived.lock(), &mut PortRoutes(self), everything);
             self.count(engine.endpoint.take_tally());
-            return true;
+            return Some(true);
         }
         // A socket only the port still holds has no link left: it leaves
         // the epoll set before it is closed (its number may be reused).
@@ -655,15 +664,18 @@ impl NetPort {
         let ring = self.ether.as_ref().map(|ether| PacketRing { port: self, ether, slot: &mut engine.frame_slot });
         let sockets = UdpSockets { port: self, input: &mut engine.input, peers: &engine.peers };
         let mut datapath = Beside { frames: ring, datagrams: sockets };
+        let owed = !engine.endpoint.owed().is_empty();
         let busy = engine.endpoint.poll(&mut datapath, &mut PortRoutes(self), everything);
         self.count(engine.endpoint.take_tally());
+        let mut timers = false;
         if !busy && !everything {
             engine.idle_polls = engine.idle_polls.wrapping_add(1);
             if engine.idle_polls.is_multiple_of(TIMER_CHECK_POLLS) {
                 self.run_due_timers();
+                timers = true;
             }
         }
-        true
+        Some(busy || owed || timers)
     }
 
     /// Adds what the endpoint counted to the NIC's counters.
