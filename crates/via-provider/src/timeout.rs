@@ -218,20 +218,20 @@ pub fn idle_poll() {
 #[cold]
 #[inline(never)]
 fn idle_poll_on_one_cpu() {
-    STREAK.with(|cell| {
-        let mut s = cell.get();
-        s.empty = s.empty.wrapping_add(1);
-        if s.empty % CLOCK_EVERY == 0 {
+    STREAK.with(|s| {
+        let empty = s.empty.get().wrapping_add(1);
+        s.empty.set(empty);
+        if empty % CLOCK_EVERY == 0 {
             let now = crate::clock::now();
-            let since = *s.since.get_or_insert(now);
-            if now.duration_since(since) >= YIELD_AFTER && s.quiet_until.is_none_or(|q| now >= q) {
+            let since = s.since.get().unwrap_or(now);
+            s.since.set(Some(since));
+            if now.duration_since(since) >= YIELD_AFTER && s.quiet_until.get().is_none_or(|q| now >= q) {
                 // SAFETY: no arguments; cannot fail in a way that matters here.
                 unsafe { libc::sched_yield() };
                 let back = crate::clock::now();
-                s.quiet_until = (back.duration_since(now) < YIELDED_TO_NOBODY).then_some(back + ALONE_FOR);
+                s.quiet_until.set((back.duration_since(now) < YIELDED_TO_NOBODY).then_some(back + ALONE_FOR));
             }
         }
-        cell.set(s);
     });
 }
 
@@ -265,9 +265,9 @@ pub(crate) fn poll_answer<T>(got: Option<T>) -> via_core::error::ViaResult<T> {
 #[inline]
 pub fn busy_poll() {
     if ONE_CPU.load(Ordering::Relaxed) {
-        STREAK.with(|cell| {
-            let s = cell.get();
-            cell.set(Streak { empty: 0, since: None, ..s });
+        STREAK.with(|s| {
+            s.empty.set(0);
+            s.since.set(None);
         });
     }
 }
@@ -286,19 +286,24 @@ const ALONE_FOR: Duration = Duration::from_micros(200);
 /// Empty polls between two looks at the clock.
 const CLOCK_EVERY: u32 = 16;
 
-/// A thread's current streak of empty polls.
-#[derive(Clone, Copy)]
+/// A thread's current streak of empty polls, each part in a cell of its
+/// own: an empty poll touches only its count.
 struct Streak {
-    empty: u32,
+    empty: std::cell::Cell<u32>,
     /// When the streak was first seen on the clock.
-    since: Option<Instant>,
+    since: std::cell::Cell<Option<Instant>>,
     /// No yield before then: the last one found nobody else ready.
-    quiet_until: Option<Instant>,
+    quiet_until: std::cell::Cell<Option<Instant>>,
 }
 
 thread_local! {
-    static STREAK: std::cell::Cell<Streak> =
-        const { std::cell::Cell::new(Streak { empty: 0, since: None, quiet_until: None }) };
+    static STREAK: Streak = const {
+        Streak {
+            empty: std::cell::Cell::new(0),
+            since: std::cell::Cell::new(None),
+            quiet_until: std::cell::Cell::new(None),
+        }
+    };
 }
 
 #[cfg(test)]
