@@ -103,13 +103,15 @@ impl Vi {
     /// `q` holds (`Transport::post`).
     fn post_shm(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
         let counters = &self.nic.counters;
-        let timer = StageTimer::start();
         let queue = &mut *q;
         let Some(Link::Shm(conn)) = &queue.link else {
             unreachable!("posted on shared memory without a shared-memory link")
         };
-        if let Some((status, length, broken)) = send_inline(conn, desc, mem, rules, attrs.reliability, &mut queue.tally)
-        {
+        let timer = StageTimer::start();
+        let inline = InlineSend::check(conn, desc, mem, rules, attrs.reliability);
+        timer.stop(counters, Counter::ValidateNs, None);
+        let timer = StageTimer::start();
+        if let Some((status, length, broken)) = inline.and_then(|send| send.push(conn, &mut queue.tally)) {
             self.hot.tx_slot.store(conn.seg.tx().next_push_slot() as usize, Ordering::Relaxed);
             timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
             self.finish_send(q, desc, mem, STATUS_OP_SEND | status, length, broken);
@@ -641,78 +643,91 @@ fn read_by_attach(
 }
 
 /// A send that fits a ring slot (the usual small message), checked as
-/// `validate` checks it and pushed without building a work request: the
-/// status bits to add, the length and whether the connection must break.
-/// `None`, with nothing done, for any other operation or descriptor, for
-/// a level that delivers only once the receiver has the bytes, and where
-/// no receive is posted: `validate` and `execute` carry those out.
-fn send_inline(
-    conn: &Conn,
-    desc: DescPtr,
-    mem: u32,
-    rules: &Rules,
-    level: u16,
-    tally: &mut CounterRow,
-) -> Option<(u32, u32, Option<Break>)> {
+/// `validate` checks it and pushed without building a work request.
+struct InlineSend {
+    /// Its buffers of more than no bytes, checked against the registry.
+    buffers: [(u64, u32); InlineSend::MOST],
+    used: usize,
+    total: u64,
+    immediate: Option<u32>,
+}
+
+impl InlineSend {
+    /// Buffers of a send this path takes: one or two, the common cases.
     const MOST: usize = 2;
-    let control = desc.control();
-    let count = desc.seg_count() as usize;
-    if control & (CONTROL_RESERVED | CONTROL_OP_MASK) != CONTROL_OP_SENDRECV
-        || count > MOST
-        || level == SERVICE_RELIABLE_RECEPTION
-    {
-        return None;
-    }
-    let extent = (CONTROL_SEGMENT_BYTES + count * DATA_SEGMENT_BYTES) as u64;
-    let own = rules.registry.lookup(mem).filter(|r| r.ptag == rules.ptag && r.contains(desc.0 as u64, extent))?;
-    let mut buffers = [(0u64, 0u32); MOST];
-    let mut used = 0;
-    let mut total = 0u64;
-    for i in 0..count {
-        let seg = desc.segment(i);
-        let held = match seg.handle == mem {
-            true => own.contains(seg.addr, seg.len as u64),
-            false => rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag),
-        };
-        if !held {
+
+    /// The send `desc` posts, checked as `validate` checks it, if it is
+    /// one for this path; `None`, with nothing done, for any other
+    /// operation or descriptor, a refused one included, and for a level
+    /// that delivers only once the receiver has the bytes: `validate` and
+    /// `execute` carry those out.
+    fn check(conn: &Conn, desc: DescPtr, mem: u32, rules: &Rules, level: u16) -> Option<InlineSend> {
+        let control = desc.control();
+        let count = desc.seg_count() as usize;
+        if control & (CONTROL_RESERVED | CONTROL_OP_MASK) != CONTROL_OP_SENDRECV
+            || count > Self::MOST
+            || level == SERVICE_RELIABLE_RECEPTION
+        {
             return None;
         }
-        total += seg.len as u64;
-        if seg.len > 0 {
-            buffers[used] = (seg.addr, seg.len);
-            used += 1;
+        let extent = (CONTROL_SEGMENT_BYTES + count * DATA_SEGMENT_BYTES) as u64;
+        let own = rules.registry.lookup(mem).filter(|r| r.ptag == rules.ptag && r.contains(desc.0 as u64, extent))?;
+        let mut send = InlineSend { buffers: [(0, 0); Self::MOST], used: 0, total: 0, immediate: None };
+        for i in 0..count {
+            let seg = desc.segment(i);
+            let held = match seg.handle == mem {
+                true => own.contains(seg.addr, seg.len as u64),
+                false => rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag),
+            };
+            if !held {
+                return None;
+            }
+            send.total += seg.len as u64;
+            if seg.len > 0 {
+                send.buffers[send.used] = (seg.addr, seg.len);
+                send.used += 1;
+            }
         }
+        if send.total > conn.inline_max as u64 || send.total > rules.max_transfer {
+            return None;
+        }
+        send.immediate = (control & CONTROL_IMMEDIATE != 0).then(|| desc.immediate());
+        Some(send)
     }
-    if total > conn.inline_max as u64 || total > rules.max_transfer {
-        return None;
+
+    /// Takes the peer's next posted receive and pushes the message into
+    /// the ring: the status bits to add, the length and whether the
+    /// connection must break.  `None`, with nothing done, where no receive
+    /// is posted (the general path drops the message or breaks).
+    fn push(&self, conn: &Conn, tally: &mut CounterRow) -> Option<(u32, u32, Option<Break>)> {
+        let Ok(Some(seq)) = conn.seg.peer_recvs().take_seq() else {
+            return None;
+        };
+        let hdr = SlotHeader {
+            kind: SLOT_SEND,
+            length: self.total as u32,
+            recv_seq: seq,
+            imm: self.immediate.unwrap_or(0),
+            flags: FLAG_INLINE | if self.immediate.is_some() { FLAG_IMMEDIATE } else { 0 },
+            ..Default::default()
+        };
+        // SAFETY: checked against the registry by `check` just now, as the
+        // general path's buffers are by `validate`.
+        let pieces = self.buffers[..self.used]
+            .iter()
+            .map(|&(addr, len)| unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) });
+        // The peer's CQ entry goes out right behind the message's stamp.
+        if conn.seg.tx().push_gather_then(&hdr, pieces, || conn.push_peer_completion()).is_err() {
+            return Some((STATUS_TRANSPORT_ERROR, 0, Some(LOST)));
+        }
+        if conn.peer.recv_cq != NO_CQ {
+            conn.ring_peer_if_asleep();
+        }
+        tally.add(Counter::InlineSends, 1);
+        tally.add(Counter::MsgsSent, 1);
+        tally.add(Counter::BytesSent, self.total);
+        Some((0, self.total as u32, None))
     }
-    let immediate = (control & CONTROL_IMMEDIATE != 0).then(|| desc.immediate());
-    let Ok(Some(seq)) = conn.seg.peer_recvs().take_seq() else {
-        return None;
-    };
-    let hdr = SlotHeader {
-        kind: SLOT_SEND,
-        length: total as u32,
-        recv_seq: seq,
-        imm: immediate.unwrap_or(0),
-        flags: FLAG_INLINE | if immediate.is_some() { FLAG_IMMEDIATE } else { 0 },
-        ..Default::default()
-    };
-    // SAFETY: checked against the registry just now.
-    let pieces = buffers[..used]
-        .iter()
-        .map(|&(addr, len)| unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) });
-    // The peer's CQ entry goes out right behind the message's stamp.
-    if conn.seg.tx().push_gather_then(&hdr, pieces, || conn.push_peer_completion()).is_err() {
-        return Some((STATUS_TRANSPORT_ERROR, 0, Some(LOST)));
-    }
-    if conn.peer.recv_cq != NO_CQ {
-        conn.ring_peer_if_asleep();
-    }
-    tally.add(Counter::InlineSends, 1);
-    tally.add(Counter::MsgsSent, 1);
-    tally.add(Counter::BytesSent, total);
-    Some((0, total as u32, None))
 }
 
 /// Consumes the peer's next posted receive for a send (or RDMA write with immediate data).
