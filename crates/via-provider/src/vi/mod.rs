@@ -897,13 +897,10 @@ impl Vi {
     /// connection has delivered.
     fn take_received(&self) -> Option<DescPtr> {
         let mut q = self.recv.lock();
-        if let Some(taken) = self.take_inline_send(&mut q) {
-            if taken.is_some() {
-                self.note_recv_front(&q);
-            }
-            return taken;
-        }
-        let broken = self.drain(&mut q, Drain::Past(0));
+        let broken = match self.drain_inline_send(&mut q) {
+            true => None,
+            false => self.drain(&mut q, Drain::Past(0)),
+        };
         let got = if q.done > 0 {
             q.done -= 1;
             q.cq_seen = q.cq_seen.saturating_sub(1);

@@ -104,27 +104,26 @@ impl Vi {
     fn post_shm(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
         let counters = &self.nic.counters;
         let queue = &mut *q;
+        // The link's field, not `conn()`: the tally is borrowed beside it.
         let Some(Link::Shm(conn)) = &queue.link else {
             unreachable!("posted on shared memory without a shared-memory link")
         };
         let timer = StageTimer::start();
         let inline = InlineSend::check(conn, desc, mem, rules, attrs.reliability);
         timer.stop(counters, Counter::ValidateNs, None);
-        let timer = StageTimer::start();
-        if let Some((status, length, broken)) = inline.and_then(|send| send.push(conn, &mut queue.tally)) {
-            self.hot.tx_slot.store(conn.seg.tx().next_push_slot() as usize, Ordering::Relaxed);
-            timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
-            self.finish_send(q, desc, mem, STATUS_OP_SEND | status, length, broken);
-            return;
+        if let Some(send) = inline {
+            let timer = StageTimer::start();
+            if let Some((status, length, broken)) = send.push(conn, &mut queue.tally) {
+                self.hot.tx_slot.store(conn.seg.tx().next_push_slot() as usize, Ordering::Relaxed);
+                timer.stop(counters, Counter::TransferNs, Some(Counter::Transfers));
+                self.finish_send(q, desc, mem, STATUS_OP_SEND | status, length, broken);
+                return;
+            }
         }
+        let timer = StageTimer::start();
         let checked = validate(desc, mem, false, rules);
         timer.stop(counters, Counter::ValidateNs, None);
         let timer = StageTimer::start();
-        let queue = &mut *q;
-        // The link's field, not `conn()`: the tally is borrowed beside it.
-        let Some(Link::Shm(conn)) = &queue.link else {
-            unreachable!("posted on shared memory without a shared-memory link")
-        };
         let (status, length, broken) = match checked {
             Err(bits) => {
                 let why = reliable(attrs.reliability)
@@ -188,25 +187,25 @@ impl Vi {
 
     /// `VipRecvDone`'s common case on shared memory, in one step, while
     /// no receive is complete and nothing else is under way on the ring
-    /// (pieces, an RDMA write, answers owed): `Some(None)` when the ring is
-    /// empty; `Some(Some(desc))` when its next slot was a whole inline send
-    /// (with or without immediate data) for the first pending receive,
-    /// whose buffers are still registered and long enough: the slot is
-    /// taken, the receive completed and removed from the queue.  `None`
-    /// leaves everything as it was for `drain_ring`, which takes the same
-    /// slot the same way and handles every other case.
-    pub(crate) fn take_inline_send(&self, q: &mut RecvQueue) -> Option<Option<DescPtr>> {
+    /// (pieces, an RDMA write, answers owed): an empty ring, or a whole
+    /// inline send (with or without immediate data) in its next slot for
+    /// the first pending receive, whose buffers are still registered and
+    /// long enough, which is taken and completes that receive.  False
+    /// leaves everything as it was for `drain`, which takes the same slot
+    /// the same way and handles every other case.
+    pub(crate) fn drain_inline_send(&self, q: &mut RecvQueue) -> bool {
         // A network VI has no ring, and costs one test here.
-        let rx = q.seg.as_deref()?.rx();
+        let Some(seg) = q.seg.as_deref() else { return false };
+        let rx = seg.rx();
         if q.done != 0 || q.failed != 0 || q.pieces.is_some() || q.rdma.is_some() || !q.answers.is_empty() {
-            return None;
+            return false;
         }
         let hdr = match rx.peek() {
             Ok(Some(hdr)) => hdr,
-            Ok(None) => return Some(None),
-            Err(_) => return None,
+            Ok(None) => return true,
+            Err(_) => return false,
         };
-        let item = q.items.front()?;
+        let Some(item) = q.items.front_mut() else { return false };
         if hdr.kind != SLOT_SEND
             || hdr.flags & !FLAG_IMMEDIATE != FLAG_INLINE
             || hdr.status != 0
@@ -214,7 +213,7 @@ impl Vi {
             || hdr.length as u64 > item.total
             || self.nic.registry.deregistrations() != item.epoch
         {
-            return None;
+            return false;
         }
         let timer = StageTimer::start();
         let dst = item
@@ -227,14 +226,14 @@ impl Vi {
         let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
         let status = STATUS_OP_RECEIVE | if imm.is_some() { STATUS_IMMEDIATE } else { 0 };
         item.desc.complete(status, length, imm);
+        item.done = true;
+        q.done += 1;
         rx.pop();
         self.hot.rx_slot.store(rx.next_slot() as usize, Ordering::Relaxed);
-        let desc = q.items.pop_front().map(|i| i.desc);
-        q.cq_seen = q.cq_seen.saturating_sub(1);
         q.tally.add(Counter::MsgsReceived, 1);
         q.tally.add(Counter::BytesReceived, length as u64);
         timer.stop(&self.nic.counters, Counter::ReceiveNs, Some(Counter::Receives));
-        Some(desc)
+        true
     }
 
     pub(crate) fn drain_ring(&self, q: &mut RecvQueue, seg: &ConnSegment, how: Drain) -> Option<Break> {
