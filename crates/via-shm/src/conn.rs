@@ -443,6 +443,39 @@ mod tests {
     }
 
     #[test]
+    fn a_message_in_the_head_is_read_whole_or_left_to_the_general_read() {
+        let (a, b) = pair();
+        let data = pattern(5, 40);
+        // Up to 16 bytes, gathered from pieces, lie in the head: one copy
+        // into a buffer long enough, nothing copied into a shorter one.
+        for len in 0..=16 {
+            let (x, y) = data[..len].split_at(len / 3);
+            a.tx().push(&hdr(SLOT_SEND, len as u64), &[x, &[], y]).unwrap();
+            b.rx().peek().unwrap().unwrap();
+            if len > 0 {
+                let mut short = vec![0xEEu8; len - 1];
+                assert_eq!(b.rx().read_small(&mut short), None, "{len} bytes into {}", len - 1);
+                assert!(short.iter().all(|&v| v == 0xEE), "{len} bytes: a refused read wrote");
+            }
+            let mut dst = vec![0u8; len + 3];
+            assert_eq!(b.rx().read_small(&mut dst), Some(len));
+            assert_eq!(&dst[..len], &data[..len]);
+            assert!(dst[len..].iter().all(|&v| v == 0), "{len} bytes: wrote past the payload");
+            b.rx().pop();
+        }
+        // Past the head: the general read's.
+        a.tx().push(&hdr(SLOT_SEND, 17), &[&data[..17]]).unwrap();
+        b.rx().peek().unwrap().unwrap();
+        assert_eq!(b.rx().read_small(&mut [0u8; 64]), None);
+        let mut whole = vec![0u8; 17];
+        assert_eq!(b.rx().read_payload(&mut [&mut whole]), 17);
+        assert_eq!(whole, data[..17]);
+        b.rx().pop();
+        // Nothing peeked: nothing to read.
+        assert_eq!(b.rx().read_small(&mut [0u8; 64]), None);
+    }
+
+    #[test]
     fn small_messages_and_receives_touch_only_heads() {
         let (a, b) = pair();
         // A's ring to B is direction 0, and so is B's receive cache; the

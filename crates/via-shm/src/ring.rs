@@ -359,9 +359,18 @@ impl Ring {
         // for INLINE_MAX >= total payload bytes.
         unsafe {
             ptr::write_volatile(slot_head.cast::<SlotHeader>(), hdr);
-            let mut to = SlotPayload::new(slot_head, self.body_at(place.index()));
-            for p in payload {
-                to.write(p);
+            if total <= HEAD_PAYLOAD {
+                // The usual small message: all in the head's line.
+                let mut to = slot_head.add(SLOT_HEADER_BYTES);
+                for p in payload {
+                    copy_bytes(p.as_ptr(), to, p.len());
+                    to = to.add(p.len());
+                }
+            } else {
+                let mut to = SlotPayload::new(slot_head, self.body_at(place.index()));
+                for p in payload {
+                    to.write(p);
+                }
             }
         }
         let next = head.wrapping_add(1);
@@ -453,6 +462,21 @@ impl Ring {
             copied += n;
         }
         copied
+    }
+
+    /// [`Ring::read_payload`] for the usual small message: the payload of
+    /// the slot returned by `peek` when it lies in the slot's head (at most
+    /// `HEAD_PAYLOAD` bytes, in the line of the header) and fits `dst`,
+    /// copied there; `None`, with nothing copied, otherwise.
+    pub fn read_small(&self, dst: &mut [u8]) -> Option<usize> {
+        let len = self.peeked.load(Relaxed) as usize;
+        if len > HEAD_PAYLOAD || len > dst.len() {
+            return None;
+        }
+        let head = self.head_at(self.peeked_at.load(Relaxed) as usize);
+        // SAFETY: the head holds HEAD_PAYLOAD >= len bytes of payload after the header.
+        unsafe { copy_bytes(head.add(SLOT_HEADER_BYTES), dst.as_mut_ptr(), len) };
+        Some(len)
     }
 
     /// Consumer side: consumes the slot returned by `peek` (no-op if none).

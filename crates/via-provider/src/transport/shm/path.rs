@@ -216,13 +216,11 @@ impl Vi {
             return false;
         }
         let timer = StageTimer::start();
-        let dst = item
-            .segs
-            .iter()
-            // SAFETY: validated against the registry when posted, and no
-            // region went since (`deregistrations`).
-            .map(|s| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) });
-        let length = rx.read_payload_into(dst) as u32;
+        // SAFETY (both): validated against the registry when posted, and
+        // no region went since (`deregistrations`).
+        let buffer = |s: &LocalSeg| unsafe { std::slice::from_raw_parts_mut(s.addr as *mut u8, s.len as usize) };
+        let small = item.segs.first().and_then(|s| rx.read_small(buffer(s)));
+        let length = small.unwrap_or_else(|| rx.read_payload_into(item.segs.iter().map(buffer))) as u32;
         let imm = (hdr.flags & FLAG_IMMEDIATE != 0).then_some(hdr.imm);
         let status = STATUS_OP_RECEIVE | if imm.is_some() { STATUS_IMMEDIATE } else { 0 };
         item.desc.complete(status, length, imm);
