@@ -566,6 +566,14 @@ mod tests {
         };
         assert_eq!(b.hot.recv_front.load(Ordering::Relaxed), first_pending(&b));
         assert_ne!(first_pending(&b), 0);
+        // With its descriptor and first buffer.
+        let first_lines = |vi: &Vi| {
+            let q = vi.recv.lock();
+            q.items.get(q.done).map_or((0, 0), |i| (i.desc.0, i.segs[0].addr as usize))
+        };
+        let hinted = |vi: &Vi| (vi.hot.recv_desc.load(Ordering::Relaxed), vi.hot.recv_buffer.load(Ordering::Relaxed));
+        assert_eq!(hinted(&b), first_lines(&b));
+        assert_eq!(hinted(&b), (m.at(0), m.at(4096)));
         // The segment and its control lines, inside its mapping.
         let seg = b.recv.lock().seg.clone().unwrap();
         assert_eq!(b.hot.get(Fixed::Segment), Arc::as_ptr(&seg) as usize);
@@ -608,6 +616,7 @@ mod tests {
         }
         // Received: the next pending receive is the one to fetch.
         assert_eq!(b.hot.recv_front.load(Ordering::Relaxed), first_pending(&b));
+        assert_eq!(hinted(&b), first_lines(&b));
         // Disconnected: the connection's lines are forgotten.
         a.disconnect().unwrap();
         assert!(run_until(&mut sim, Duration::from_secs(1), || b.state() == ViState::Error));

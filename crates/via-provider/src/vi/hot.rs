@@ -5,8 +5,8 @@
 //! With a few VIs these lines stay in the caches.  With a thousand on one
 //! CQ they are out of them, and the receive and the answer would walk
 //! them one miss after another (the VI, its queues' items, the ring, the
-//! segment's counters, the counter row); fetched together the misses
-//! overlap.  The addresses are hints: a prefetch reads nothing and never
+//! segment's counters, the counter row, the receive's descriptor and
+//! buffer); fetched together the misses overlap.  The addresses are hints: a prefetch reads nothing and never
 //! faults, so a stale one (a queue grown, a segment unmapped) costs a
 //! wasted fetch, never a wrong result.
 
@@ -40,6 +40,11 @@ pub(crate) struct HotLines {
     pub tx_slot: AtomicUsize,
     /// The receive queue's first pending item, which the next message completes.
     pub recv_front: AtomicUsize,
+    /// That receive's descriptor and first buffer, in the application's
+    /// memory: the completion is written into the one, the bytes into the
+    /// other, and the application reads both next.
+    pub recv_desc: AtomicUsize,
+    pub recv_buffer: AtomicUsize,
     /// Where the send queue's next item goes.
     pub send_back: AtomicUsize,
     fixed: [AtomicUsize; FIXED],
@@ -89,6 +94,8 @@ impl HotLines {
                 prefetch(item.wrapping_add(64));
             }
         }
+        prefetch(self.recv_desc.load(Relaxed));
+        prefetch(self.recv_buffer.load(Relaxed));
         for w in &self.fixed {
             prefetch(w.load(Relaxed));
         }

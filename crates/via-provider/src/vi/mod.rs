@@ -624,10 +624,15 @@ impl Vi {
         self.hot.prefetch((self as *const Vi).cast(), std::mem::size_of::<Vi>());
     }
 
-    /// Records where the first pending receive is, for the next prefetch.
+    /// Records where the first pending receive is, with its descriptor and
+    /// first buffer, for the next prefetch.
     fn note_recv_front(&self, q: &RecvQueue) {
-        let item = q.items.get(q.done).map_or(0, |i| i as *const RecvItem as usize);
+        let front = q.items.get(q.done);
+        let item = front.map_or(0, |i| i as *const RecvItem as usize);
         self.hot.recv_front.store(item, Ordering::Relaxed);
+        self.hot.recv_desc.store(front.map_or(0, |i| i.desc.0), Ordering::Relaxed);
+        let buffer = front.and_then(|i| i.segs.first()).map_or(0, |s| s.addr as usize);
+        self.hot.recv_buffer.store(buffer, Ordering::Relaxed);
     }
 
     /// Records where the send queue's next item goes, for the next
