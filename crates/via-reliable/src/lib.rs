@@ -618,6 +618,16 @@ impl Session {
         self.transmit(now, false)
     }
 
+    /// Whether a flush would find nothing: [`Session::poll_transmit`] (with
+    /// `owed_too`; without, [`Session::poll_transmit_busy`]) would send
+    /// nothing and no event waits for [`Session::poll_event`].  Most
+    /// flushes of a receiver, after input whose acknowledgement it holds,
+    /// find nothing; inline, so that they cost a few loads.
+    #[inline]
+    pub fn quiet(&self, now: Time, owed_too: bool) -> bool {
+        self.events.is_empty() && self.nothing_to_transmit(now, owed_too)
+    }
+
     /// Whether an acknowledgement is owed that [`Session::poll_transmit_busy`]
     /// held back.
     pub fn ack_owed(&self) -> bool {

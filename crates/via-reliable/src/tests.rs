@@ -197,3 +197,35 @@ fn nothing_to_transmit_never_hides_a_packet() {
     assert!(!a.nothing_to_transmit(now, false));
     assert_eq!(a.poll_transmit_busy(now).map(|t| t.header.kind), Some(Kind::Disconnect));
 }
+
+/// `quiet` is what a flush would find: nothing to send and no event.  A
+/// receiver that holds its acknowledgement while it places a message has
+/// the message's event until it takes it, then is quiet until it releases
+/// the acknowledgement, which then goes.
+#[test]
+fn quiet_means_no_packet_and_no_event() {
+    let t0 = Time::default();
+    let config = Config { max_payload: 8, window: 8, ack_every: 1, ..Config::default() };
+    let mut a = Session::new(config.clone(), A, B, t0);
+    let mut b = Session::new(config, B, A, t0);
+    assert!(a.quiet(t0, true) && b.quiet(t0, true));
+    a.send(OutMessage { kind: MsgKind::Send, len: 4, imm: None, token: 7 }).unwrap();
+    assert!(!a.quiet(t0, true) && !a.quiet(t0, false), "a message to send");
+    let t = a.poll_transmit(t0).unwrap();
+    b.hold_acks();
+    b.handle_packet(t0, &t.header, &[1, 2, 3, 4]);
+    assert!(!b.quiet(t0, false), "the message's event waits");
+    assert!(matches!(b.poll_event(), Some(Event::Segment { last: true, .. })));
+    assert!(b.quiet(t0, false) && b.quiet(t0, true), "the acknowledgement is held");
+    assert!(b.poll_transmit(t0).is_none());
+    b.release_acks();
+    assert!(b.quiet(t0, false), "owed, not urgent: a busy receiver holds it");
+    assert!(!b.quiet(t0, true));
+    let ack = b.poll_transmit(t0).unwrap();
+    assert_eq!(ack.header.kind, Kind::Ack);
+    assert!(b.quiet(t0, true));
+    a.handle_packet(t0, &ack.header, &[]);
+    assert!(!a.quiet(t0, true), "the sent event waits");
+    assert_eq!(a.poll_event(), Some(Event::Sent { token: 7 }));
+    assert!(a.quiet(t0, true));
+}
