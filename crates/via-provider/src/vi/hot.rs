@@ -6,9 +6,10 @@
 //! CQ they are out of them, and the receive and the answer would walk
 //! them one miss after another (the VI, its queues' items, the ring, the
 //! segment's counters, the counter row, the receive's descriptor and
-//! buffer); fetched together the misses overlap.  The addresses are hints: a prefetch reads nothing and never
-//! faults, so a stale one (a queue grown, a segment unmapped) costs a
-//! wasted fetch, never a wrong result.
+//! buffer); fetched together the misses overlap.  The addresses are
+//! hints: a prefetch reads nothing and never faults, so a stale one (a
+//! queue grown, a segment unmapped, a buffer deregistered) costs a wasted
+//! fetch, never a wrong result.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
