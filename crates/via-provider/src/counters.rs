@@ -299,7 +299,7 @@ impl StageTimer {
     #[inline(always)]
     pub fn start() -> StageTimer {
         match profiling() {
-            true => StageTimer(Some(now())),
+            true => StageTimer(Some(Instant::now())),
             false => StageTimer(None),
         }
     }
@@ -311,12 +311,6 @@ impl StageTimer {
             stop_timing(t, counters, ns, calls);
         }
     }
-}
-
-#[cold]
-#[inline(never)]
-fn now() -> Instant {
-    Instant::now()
 }
 
 #[cold]
