@@ -25,7 +25,7 @@
 //! queues at once (each queue knows only its own).
 
 use crate::consts::*;
-use crate::registry::Registry;
+use crate::registry::{Region, Registry};
 use std::sync::atomic::{fence, Ordering};
 
 // Offsets in the control segment (vipl.h VIP_CONTROL_SEGMENT).
@@ -217,30 +217,40 @@ pub struct Rules<'a> {
 }
 
 /// Checks that the descriptor itself lies in the region of `handle` with the
-/// VI's tag and is aligned; reads nothing else.  `false` means
-/// `VIP_DESCRIPTOR_ERROR`.
-pub fn descriptor_placement_ok(desc: DescPtr, handle: u32, rules: &Rules) -> bool {
-    desc.0.is_multiple_of(DESCRIPTOR_ALIGNMENT)
-        && rules.registry.check_local(handle, desc.0 as u64, CONTROL_SEGMENT_BYTES as u64, rules.ptag)
+/// VI's tag and is aligned; reads nothing else.  Returns that region, which
+/// [`validate`] checks the whole descriptor against (one look-up for a
+/// post); `None` means `VIP_DESCRIPTOR_ERROR`.
+pub fn descriptor_region(desc: DescPtr, handle: u32, rules: &Rules) -> Option<Region> {
+    let region = rules.registry.lookup(handle)?;
+    (desc.0.is_multiple_of(DESCRIPTOR_ALIGNMENT)
+        && region.ptag == rules.ptag
+        && region.contains(desc.0 as u64, CONTROL_SEGMENT_BYTES as u64))
+    .then_some(region)
 }
 
-/// Validates a posted descriptor.  `Err` holds the status error bits the
-/// descriptor completes with.
+/// Validates a posted descriptor; `own` is the region of `handle` as looked
+/// up for the post (`descriptor_region`, or the registry).  `Err` holds the
+/// status error bits the descriptor completes with.
 #[inline(always)]
-pub fn validate(desc: DescPtr, handle: u32, receive_queue: bool, rules: &Rules) -> Result<WorkRequest, u32> {
+pub fn validate(
+    desc: DescPtr,
+    handle: u32,
+    own: &Region,
+    receive_queue: bool,
+    rules: &Rules,
+) -> Result<WorkRequest, u32> {
     let control = desc.control();
     let count = desc.seg_count() as usize;
     if control & CONTROL_RESERVED != 0 || count > limits::MAX_SEGMENTS_PER_DESC {
         return Err(STATUS_FORMAT_ERROR);
     }
     // The whole descriptor, segments included, must be registered memory.
-    // Its region is kept: buffers in the same region (the usual case) are
-    // checked against it without a second look-up.
+    // Buffers in its region (the usual case) are checked against it
+    // without another look-up.
     let extent = (CONTROL_SEGMENT_BYTES + count * DATA_SEGMENT_BYTES) as u64;
-    let own = match rules.registry.lookup(handle) {
-        Some(r) if r.ptag == rules.ptag && r.contains(desc.0 as u64, extent) => r,
-        _ => return Err(STATUS_PROTECTION_ERROR),
-    };
+    if own.ptag != rules.ptag || !own.contains(desc.0 as u64, extent) {
+        return Err(STATUS_PROTECTION_ERROR);
+    }
     let holds = |seg: &RawSegment| match seg.handle == handle {
         true => own.contains(seg.addr, seg.len as u64),
         false => rules.registry.check_local(seg.handle, seg.addr, seg.len as u64, rules.ptag),
@@ -340,13 +350,16 @@ mod tests {
         let h = reg.register(base, 4096, 5, 0, false).unwrap();
         let rules = Rules { registry: &reg, ptag: 5, max_transfer: 1 << 20, rdma_read: true };
         let desc = DescPtr(base as usize);
-        assert!(descriptor_placement_ok(desc, h, &rules));
-        assert!(!descriptor_placement_ok(DescPtr(base as usize + 8), h, &rules));
+        let own = descriptor_region(desc, h, &rules).expect("placed");
+        assert_eq!(own, reg.lookup(h).unwrap());
+        assert!(descriptor_region(DescPtr(base as usize + 8), h, &rules).is_none());
+        assert!(descriptor_region(DescPtr(base as usize + 4096 - 8), h, &rules).is_none());
+        assert!(descriptor_region(desc, h, &Rules { ptag: 6, ..rules }).is_none());
 
         set_cs(&mut mem, CONTROL_OP_SENDRECV | CONTROL_IMMEDIATE, 2, 0xabcd);
         put_seg(&mut mem, 0, base + 1024, h, 100);
         put_seg(&mut mem, 1, base + 2048, h, 50);
-        let wr = validate(desc, h, false, &rules).unwrap();
+        let wr = validate(desc, h, &own, false, &rules).unwrap();
         assert_eq!(wr.op, Op::SendRecv);
         assert_eq!(wr.immediate, Some(0xabcd));
         assert_eq!(wr.total, 150);
@@ -354,10 +367,10 @@ mod tests {
 
         // A segment straying out of the region is a protection error.
         put_seg(&mut mem, 1, base + 4090, h, 50);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_PROTECTION_ERROR));
         // Another tag is a protection error too.
         let other = Rules { ptag: 6, ..rules };
-        assert_eq!(validate(desc, h, false, &other), Err(STATUS_PROTECTION_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &other), Err(STATUS_PROTECTION_ERROR));
         // A buffer in another region is checked against that region: its
         // own range and tag.
         let buf = Mem([0; 4096]);
@@ -365,25 +378,25 @@ mod tests {
         let mine = reg.register(at, 4096, 5, 0, false).unwrap();
         let foreign = reg.register(at, 4096, 6, 0, false).unwrap();
         put_seg(&mut mem, 1, at + 4000, mine, 96);
-        assert_eq!(validate(desc, h, false, &rules).map(|wr| wr.total), Ok(196));
+        assert_eq!(validate(desc, h, &own, false, &rules).map(|wr| wr.total), Ok(196));
         put_seg(&mut mem, 1, at + 4000, mine, 97);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_PROTECTION_ERROR));
         put_seg(&mut mem, 1, at, foreign, 8);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_PROTECTION_ERROR));
         // Nor does the descriptor's region stretch over it.
         put_seg(&mut mem, 1, at, h, 8);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_PROTECTION_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_PROTECTION_ERROR));
 
         set_cs(&mut mem, CONTROL_OP_RDMAWRITE, 2, 0);
         put_seg(&mut mem, 0, 0x1000, 77, 0);
         put_seg(&mut mem, 1, base + 1024, h, 8);
-        let wr = validate(desc, h, false, &rules).unwrap();
+        let wr = validate(desc, h, &own, false, &rules).unwrap();
         assert_eq!((wr.op, wr.remote, wr.total), (Op::RdmaWrite, Some((0x1000, 77)), 8));
-        assert_eq!(validate(desc, h, true, &rules), Err(STATUS_FORMAT_ERROR));
+        assert_eq!(validate(desc, h, &own, true, &rules), Err(STATUS_FORMAT_ERROR));
 
         set_cs(&mut mem, CONTROL_OP_RDMAREAD, 2, 0);
         let no_read = Rules { rdma_read: false, ..rules };
-        assert_eq!(validate(desc, h, false, &no_read), Err(STATUS_FORMAT_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &no_read), Err(STATUS_FORMAT_ERROR));
     }
 
     #[test]
@@ -394,19 +407,20 @@ mod tests {
         let h = reg.register(base, 4096, 1, 0, false).unwrap();
         let rules = Rules { registry: &reg, ptag: 1, max_transfer: 100, rdma_read: false };
         let desc = DescPtr(base as usize);
+        let own = descriptor_region(desc, h, &rules).expect("placed");
         set_cs(&mut mem, 0x10, 0, 0);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_FORMAT_ERROR));
         set_cs(&mut mem, CONTROL_OP_RESERVED, 0, 0);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_FORMAT_ERROR));
         set_cs(&mut mem, 0, 33, 0);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_FORMAT_ERROR));
         set_cs(&mut mem, CONTROL_OP_RDMAWRITE, 0, 0);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_FORMAT_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_FORMAT_ERROR));
         set_cs(&mut mem, 0, 1, 0);
         put_seg(&mut mem, 0, base + 1024, h, 101);
-        assert_eq!(validate(desc, h, false, &rules), Err(STATUS_LENGTH_ERROR));
+        assert_eq!(validate(desc, h, &own, false, &rules), Err(STATUS_LENGTH_ERROR));
         set_cs(&mut mem, 0, 0, 0);
-        assert_eq!(validate(desc, h, true, &rules).unwrap().total, 0);
+        assert_eq!(validate(desc, h, &own, true, &rules).unwrap().total, 0);
     }
 
     #[test]
@@ -423,7 +437,8 @@ mod tests {
         put_seg(&mut mem, 1, base + 3000, h2, 0); // empty: nothing lands there
         put_seg(&mut mem, 2, base + 3000, h2, 10);
         let epoch = reg.deregistrations();
-        let wr = validate(desc, h, true, &rules).unwrap();
+        let own = descriptor_region(desc, h, &rules).expect("placed");
+        let wr = validate(desc, h, &own, true, &rules).unwrap();
         assert!(buffers_registered(desc, &wr.segs, &rules));
         // Another region goes: the epoch moves, the buffers are still there.
         let other = [0u8; 64];

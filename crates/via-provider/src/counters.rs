@@ -324,22 +324,28 @@ fn stop_timing(t: Instant, counters: &Counters, ns: Counter, calls: Option<Count
 
 /// Whether `VIA_PROFILE` is set: asked at every stage of the data path,
 /// so the answer is kept in one word (0 until first asked, then 1 for no
-/// and 2 for yes; the settings never change once read).
+/// and 2 for yes; the settings never change once read).  In line, the
+/// usual answer is one comparison; the others are out of line.
 #[inline(always)]
 pub(crate) fn profiling() -> bool {
     match PROFILING.load(Ordering::Relaxed) {
-        0 => profiling_first(),
-        known => known == 2,
+        PROFILE_OFF => false,
+        known => profiling_on_or_unknown(known),
     }
 }
 
 static PROFILING: AtomicU8 = AtomicU8::new(0);
+const PROFILE_OFF: u8 = 1;
+const PROFILE_ON: u8 = 2;
 
 #[cold]
 #[inline(never)]
-fn profiling_first() -> bool {
+fn profiling_on_or_unknown(known: u8) -> bool {
+    if known == PROFILE_ON {
+        return true;
+    }
     let on = tuning().profile.is_some();
-    PROFILING.store(1 + u8::from(on), Ordering::Relaxed);
+    PROFILING.store(if on { PROFILE_ON } else { PROFILE_OFF }, Ordering::Relaxed);
     on
 }
 

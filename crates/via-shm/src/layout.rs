@@ -140,7 +140,11 @@ impl Consumed {
     ) -> Result<Place, ShmError> {
         let seen = self.seen.load(Relaxed);
         let behind = n.wrapping_sub(seen);
-        if behind >= lap as u64 || (behind >= HOT as u64 && n >= self.next_look.load(Relaxed)) {
+        if behind < HOT as u64 {
+            // The usual case, a consumer that keeps up: a hot place known free.
+            return Ok(Place::Hot(n as usize % HOT));
+        }
+        if behind >= lap as u64 || n >= self.next_look.load(Relaxed) {
             let consumed = read();
             if consumed.wrapping_sub(seen) > behind {
                 return Err(ShmError::Corrupt(what));

@@ -356,9 +356,10 @@ impl Ring {
         let slot_head = self.head_at(place.index());
         let hdr = SlotHeader { inline_len: total as u32, ..*hdr };
         // SAFETY: the head has room for the header; head and body together
-        // for INLINE_MAX >= total payload bytes.
+        // for INLINE_MAX >= total payload bytes.  A plain write: the stamp's
+        // release below publishes it, as it does the payload.
         unsafe {
-            ptr::write_volatile(slot_head.cast::<SlotHeader>(), hdr);
+            ptr::write(slot_head.cast::<SlotHeader>(), hdr);
             if total <= HEAD_PAYLOAD {
                 // The usual small message: all in the head's line.
                 let mut to = slot_head.add(SLOT_HEADER_BYTES);
@@ -374,7 +375,8 @@ impl Ring {
             }
         }
         let next = head.wrapping_add(1);
-        self.stamp(place).store(next, Release);
+        // SAFETY: the stamp is an aligned u64 inside the head.
+        unsafe { at::<AtomicU64>(slot_head, STAMP_OFFSET) }.store(next, Release);
         self.head.store(next, Relaxed);
         self.counters.produced().store(next, Release);
         if let Place::Lap(_) = place {

@@ -14,6 +14,7 @@ use crate::vi::{SendQueue, Vi, ViAttrs};
 use std::sync::Arc;
 use std::time::Duration;
 use via_core::descriptor::{DescPtr, Rules};
+use via_core::registry::Region;
 
 /// What a VI asks of the transport its connection uses.
 pub(crate) trait Transport: Sized {
@@ -23,11 +24,20 @@ pub(crate) trait Transport: Sized {
 
     /// Carries out a send whose descriptor's place, the VI's state and
     /// the queue's room were checked, on the connection `link` (which
-    /// `q` holds), then unlocks `q`.  The descriptor's segments are not
-    /// checked yet: the transport validates them (`validate`) as it
-    /// reads them.  A function rather than a method: `link` is borrowed
-    /// from `q`, and no reference is counted per post.
-    fn post(vi: &Vi, q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs);
+    /// `q` holds), then unlocks `q`.  `own` is the region of `mem` as
+    /// looked up for the post.  The descriptor's segments are not checked
+    /// yet: the transport validates them (`validate`) as it reads them.
+    /// A function rather than a method: `link` is borrowed from `q`, and
+    /// no reference is counted per post.
+    fn post(
+        vi: &Vi,
+        q: QueueGuard<'_, SendQueue>,
+        desc: DescPtr,
+        mem: u32,
+        own: &Region,
+        rules: &Rules,
+        attrs: &ViAttrs,
+    );
 
     /// Ends this side of the connection: tells the peer how (a
     /// disconnect, or a break with its code if there is one to tell) and
@@ -123,11 +133,12 @@ macro_rules! transports {
                 q: QueueGuard<'_, SendQueue>,
                 desc: DescPtr,
                 mem: u32,
+                own: &Region,
                 rules: &Rules,
                 attrs: &ViAttrs,
             ) {
                 match q.link {
-                    $(Some(Link::$variant(_)) => <$transport>::post(vi, q, desc, mem, rules, attrs),)+
+                    $(Some(Link::$variant(_)) => <$transport>::post(vi, q, desc, mem, own, rules, attrs),)+
                     None => vi.flush_posted(q, desc, mem),
                 }
             }

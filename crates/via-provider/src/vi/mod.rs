@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use via_core::consts::*;
 use via_core::consts::{error_code, resource_code};
-use via_core::descriptor::{descriptor_placement_ok, validate, DescPtr, Rules, Segs};
+use via_core::descriptor::{descriptor_region, validate, DescPtr, Rules, Segs};
 use via_core::error::{ViaError, ViaResult};
 use via_shm::conn::ConnSegment;
 use via_shm::futex;
@@ -794,9 +794,9 @@ impl Vi {
         let mut q = self.recv.lock();
         // Read under a queue lock: see `AttrCell`.
         let (rules, _) = self.rules();
-        if !descriptor_placement_ok(desc, mem, &rules) {
+        let Some(own) = descriptor_region(desc, mem, &rules) else {
             return Err(ViaError::Descriptor);
-        }
+        };
         if q.items.len() >= limits::MAX_DESCRIPTORS_PER_QUEUE {
             return Err(ViaError::Resource);
         }
@@ -814,7 +814,7 @@ impl Vi {
         let flushed = state == ViState::Error;
         // Before the buffers are checked: a region that goes after this shows.
         let epoch = rules.registry.deregistrations();
-        let (segs, total, error) = match validate(desc, mem, true, &rules) {
+        let (segs, total, error) = match validate(desc, mem, &own, true, &rules) {
             Ok(wr) => (wr.segs, wr.total, 0),
             Err(bits) => (Segs::new(), 0, bits),
         };
@@ -981,9 +981,9 @@ impl Vi {
         if state != ViState::Connected && state != ViState::Error {
             return Err(ViaError::InvalidState);
         }
-        if !descriptor_placement_ok(desc, mem, &rules) {
+        let Some(own) = descriptor_region(desc, mem, &rules) else {
             return Err(ViaError::Descriptor);
-        }
+        };
         if q.items.len() + q.rung >= limits::MAX_DESCRIPTORS_PER_QUEUE {
             return Err(ViaError::Resource);
         }
@@ -999,8 +999,8 @@ impl Vi {
         desc.clear_status();
         desc.mark_posted(queue);
         if self.nic.tuning.doorbell == Doorbell::Direct {
-            // Its region was checked just now (`descriptor_placement_ok`).
-            Link::post(self, q, desc, mem, &rules, &attrs);
+            // Its region was looked up and checked just now.
+            Link::post(self, q, desc, mem, &own, &rules, &attrs);
         } else {
             q.rung += 1;
             drop(q);
@@ -1018,12 +1018,12 @@ impl Vi {
         let (rules, attrs) = self.rules();
         // Its descriptor's region may have been deregistered (and unmapped)
         // since the post: it is not read, and completes unwritten in its turn.
-        if !rules.registry.is_live(mem) {
+        let Some(own) = rules.registry.lookup(mem) else {
             self.queue_completed_send(q, desc, mem);
             self.bump();
             return;
-        }
-        Link::post(self, q, desc, mem, &rules, &attrs);
+        };
+        Link::post(self, q, desc, mem, &own, &rules, &attrs);
     }
 
     /// Completes a send posted while the VI has no connection (in the

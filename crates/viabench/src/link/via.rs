@@ -433,12 +433,14 @@ impl ViaLink {
     }
 
     /// Posts one send-queue descriptor of VI `v`.
+    #[inline]
     fn post_send(&mut self, v: usize, control: u16, imm: u32, segs: &[DataSegment]) -> Result<()> {
         let i = self.take_send(v)?;
         self.post_at(v, i, control, imm, segs)
     }
 
     /// Takes a free send descriptor of VI `v`, waiting for one if need be.
+    #[inline]
     fn take_send(&mut self, v: usize) -> Result<usize> {
         if self.vis[v].free.is_empty() {
             self.reap(v, 1)?;
@@ -453,6 +455,7 @@ impl ViaLink {
     }
 
     /// Posts send descriptor `i` of VI `v`, taken with [`Self::take_send`].
+    #[inline]
     fn post_at(&mut self, v: usize, i: usize, control: u16, imm: u32, segs: &[DataSegment]) -> Result<()> {
         let s = &mut self.vis[v];
         let mut desc = Descriptor::default();
@@ -575,6 +578,7 @@ impl ViaLink {
     /// Handles a completed receive of VI `v`: checks it, takes the grant and
     /// leaves its descriptor to `repost` (so its data stays until the next
     /// wait).  Returns what arrived, or `None` for a continue.
+    #[inline]
     fn handle(&mut self, v: usize, d: *mut Descriptor) -> Result<Option<Arrival>> {
         // SAFETY (here and below): VipRecvDone returned one of our receive descriptors.
         let status = unsafe { Descriptor::status(d) };
@@ -703,11 +707,18 @@ impl ViaLink {
         Ok(())
     }
 
-    /// Handles completions until VI `v` may send data.
+    /// Handles completions until VI `v` may send data.  In line: a
+    /// message on its way to the peer passes here.
+    #[inline]
     fn wait_for_credit(&mut self, v: usize) -> Result<()> {
-        if self.vis[v].credits.can_send_data() {
-            return Ok(());
+        match self.vis[v].credits.can_send_data() {
+            true => Ok(()),
+            false => self.stall_for_credit(v),
         }
+    }
+
+    #[cold]
+    fn stall_for_credit(&mut self, v: usize) -> Result<()> {
         self.vis[v].credits.stalls += 1;
         while !self.vis[v].credits.can_send_data() {
             let (w, d) = self.next_recv()?;
@@ -833,8 +844,8 @@ impl Link for ViaLink {
             self.kept.clear();
         }
         let n = chunk_count(len, self.desc);
-        let expected: Vec<(usize, usize)> =
-            if self.rdma { vec![chunks(len, self.desc).last().expect("one chunk")] } else { Vec::new() };
+        // An RDMA block's write with immediate data is its last chunk.
+        let written_chunk = self.rdma.then(|| chunks(len, self.desc).last().expect("one chunk"));
         let messages = if self.rdma { 1 } else { n };
         let mut got = 0;
         while got < messages {
@@ -850,11 +861,12 @@ impl Link for ViaLink {
                     "expected a send, got an RDMA write"
                 }));
             }
-            let (off, want) = if self.rdma {
-                expected[0]
-            } else {
-                let off = got * self.desc;
-                (off, (len - off).min(self.desc))
+            let (off, want) = match written_chunk {
+                Some(chunk) => chunk,
+                None => {
+                    let off = got * self.desc;
+                    (off, (len - off).min(self.desc))
+                }
             };
             if l != want {
                 return Err(Error::new(format!("chunk at offset {off} of a {len}-byte block: {l} bytes, not {want}")));

@@ -22,7 +22,7 @@ use std::time::Duration;
 use via_core::consts::error_code;
 use via_core::consts::*;
 use via_core::descriptor::{validate, DescPtr, LocalSeg, Op, Rules, WorkRequest};
-use via_core::registry::{PublishedTable, REGION_RDMA_READ, REGION_RDMA_WRITE};
+use via_core::registry::{PublishedTable, Region, REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_shm::cma;
 use via_shm::conn::ConnSegment;
 use via_shm::recv::RecvSeg;
@@ -62,8 +62,16 @@ impl Transport for Conn {
 
     /// At once, with the descriptor complete on return, except an RDMA
     /// read through the ring.
-    fn post(vi: &Vi, q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
-        vi.post_shm(q, desc, mem, rules, attrs)
+    fn post(
+        vi: &Vi,
+        q: QueueGuard<'_, SendQueue>,
+        desc: DescPtr,
+        mem: u32,
+        own: &Region,
+        rules: &Rules,
+        attrs: &ViAttrs,
+    ) {
+        vi.post_shm(q, desc, mem, own, rules, attrs)
     }
 
     /// Waits out the peer's copies under way.
@@ -101,7 +109,15 @@ impl Transport for Conn {
 impl Vi {
     /// Carries out a send-queue operation on the shared-memory connection
     /// `q` holds (`Transport::post`).
-    fn post_shm(&self, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, attrs: &ViAttrs) {
+    fn post_shm(
+        &self,
+        mut q: QueueGuard<'_, SendQueue>,
+        desc: DescPtr,
+        mem: u32,
+        own: &Region,
+        rules: &Rules,
+        attrs: &ViAttrs,
+    ) {
         let counters = &self.nic.counters;
         let queue = &mut *q;
         // The link's field, not `conn()`: the tally is borrowed beside it.
@@ -109,7 +125,7 @@ impl Vi {
             unreachable!("posted on shared memory without a shared-memory link")
         };
         let timer = StageTimer::start();
-        let inline = InlineSend::check(conn, desc, mem, rules, attrs.reliability);
+        let inline = InlineSend::check(conn, desc, mem, own, rules, attrs.reliability);
         timer.stop(counters, Counter::ValidateNs, None);
         if let Some(send) = inline {
             let timer = StageTimer::start();
@@ -121,7 +137,7 @@ impl Vi {
             }
         }
         let timer = StageTimer::start();
-        let checked = validate(desc, mem, false, rules);
+        let checked = validate(desc, mem, own, false, rules);
         timer.stop(counters, Counter::ValidateNs, None);
         let timer = StageTimer::start();
         let (status, length, broken) = match checked {
@@ -658,7 +674,8 @@ impl InlineSend {
     /// operation or descriptor, a refused one included, and for a level
     /// that delivers only once the receiver has the bytes: `validate` and
     /// `execute` carry those out.
-    fn check(conn: &Conn, desc: DescPtr, mem: u32, rules: &Rules, level: u16) -> Option<InlineSend> {
+    #[inline(always)]
+    fn check(conn: &Conn, desc: DescPtr, mem: u32, own: &Region, rules: &Rules, level: u16) -> Option<InlineSend> {
         let control = desc.control();
         let count = desc.seg_count() as usize;
         if control & (CONTROL_RESERVED | CONTROL_OP_MASK) != CONTROL_OP_SENDRECV
@@ -668,7 +685,9 @@ impl InlineSend {
             return None;
         }
         let extent = (CONTROL_SEGMENT_BYTES + count * DATA_SEGMENT_BYTES) as u64;
-        let own = rules.registry.lookup(mem).filter(|r| r.ptag == rules.ptag && r.contains(desc.0 as u64, extent))?;
+        if own.ptag != rules.ptag || !own.contains(desc.0 as u64, extent) {
+            return None;
+        }
         let mut send = InlineSend { buffers: [(0, 0); Self::MOST], used: 0, total: 0, immediate: None };
         for i in 0..count {
             let seg = desc.segment(i);
@@ -696,6 +715,7 @@ impl InlineSend {
     /// the ring: the status bits to add, the length and whether the
     /// connection must break.  `None`, with nothing done, where no receive
     /// is posted (the general path drops the message or breaks).
+    #[inline(always)]
     fn push(&self, conn: &Conn, tally: &mut CounterRow) -> Option<(u32, u32, Option<Break>)> {
         let Ok(Some(seq)) = conn.seg.peer_recvs().take_seq() else {
             return None;

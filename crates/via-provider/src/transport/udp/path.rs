@@ -15,7 +15,7 @@ use std::time::Duration;
 use via_core::consts::error_code;
 use via_core::consts::*;
 use via_core::descriptor::{validate, DescPtr, LocalSeg, Op, Rules, Segs};
-use via_core::registry::{REGION_RDMA_READ, REGION_RDMA_WRITE};
+use via_core::registry::{Region, REGION_RDMA_READ, REGION_RDMA_WRITE};
 use via_reliable::{BreakReason, MsgKind, OutMessage, Segment, SendError};
 
 /// How long an unreliable RDMA write waits for its answer once sent.
@@ -177,14 +177,21 @@ impl Transport for NetLink {
         vi.bump();
     }
 
-    fn post(vi: &Vi, mut q: QueueGuard<'_, SendQueue>, desc: DescPtr, mem: u32, rules: &Rules, _: &ViAttrs) {
+    fn post(
+        vi: &Vi,
+        mut q: QueueGuard<'_, SendQueue>,
+        desc: DescPtr,
+        mem: u32,
+        own: &Region,
+        rules: &Rules,
+        _: &ViAttrs,
+    ) {
         // A reference of its own: the session's events are applied with
         // the queue unlocked.
         let Some(Link::Net(link)) = q.link.clone() else {
             unreachable!("posted on the network without a network link")
         };
-        let mut events = NetEvents::new();
-        vi.post_net(&mut q, &link, desc, mem, rules, &mut events);
+        let mut events = vi.post_net(&mut q, &link, desc, mem, own, rules);
         // The usual post completes nothing yet and hears of nothing:
         // then there is nothing to apply.
         let completed_now = q.items.back().is_some_and(|i| i.done);
@@ -217,22 +224,23 @@ impl Transport for NetLink {
 }
 
 impl Vi {
-    /// Posts a send-queue descriptor on a network link; the session's
-    /// events for the work queues go to `events`.
+    /// Posts a send-queue descriptor on a network link; returns the
+    /// session's events for the work queues.
     pub(crate) fn post_net(
         &self,
         q: &mut SendQueue,
         link: &NetLink,
         desc: DescPtr,
         mem: u32,
+        own: &Region,
         rules: &Rules,
-        events: &mut NetEvents<'static>,
-    ) {
+    ) -> NetEvents<'static> {
+        let mut events = NetEvents::new();
         let mut st = link.state.lock();
         let timer = StageTimer::start();
         // Before the buffers are checked: a region that goes after this shows.
         let epoch = rules.registry.deregistrations();
-        let checked = validate(desc, mem, false, rules);
+        let checked = validate(desc, mem, own, false, rules);
         timer.stop(&self.nic.counters, Counter::ValidateNs, None);
         let timer = StageTimer::start();
         match checked {
@@ -299,11 +307,12 @@ impl Vi {
                 q.items.push_back(item);
             }
         }
-        st.flush(link, events);
+        st.flush(link, &mut events);
         timer.stop(&self.nic.counters, Counter::TransferNs, Some(Counter::Transfers));
         if let Some(t) = st.session.poll_timeout() {
             link.port.timer_before(t);
         }
+        events
     }
 
     /// The place where the message being received continues and the room
