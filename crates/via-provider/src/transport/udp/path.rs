@@ -191,7 +191,8 @@ impl Transport for NetLink {
         let Some(Link::Net(link)) = q.link.clone() else {
             unreachable!("posted on the network without a network link")
         };
-        let mut events = vi.post_net(&mut q, &link, desc, mem, own, rules);
+        let mut events = NetEvents::new();
+        vi.post_net(&mut q, desc, mem, own, rules, &mut events);
         // The usual post completes nothing yet and hears of nothing:
         // then there is nothing to apply.
         let completed_now = q.items.back().is_some_and(|i| i.done);
@@ -224,18 +225,18 @@ impl Transport for NetLink {
 }
 
 impl Vi {
-    /// Posts a send-queue descriptor on a network link; returns the
-    /// session's events for the work queues.
+    /// Posts a send-queue descriptor on the network link `q` holds; the
+    /// session's events for the work queues go to `events`.
     pub(crate) fn post_net(
         &self,
         q: &mut SendQueue,
-        link: &NetLink,
         desc: DescPtr,
         mem: u32,
         own: &Region,
         rules: &Rules,
-    ) -> NetEvents<'static> {
-        let mut events = NetEvents::new();
+        events: &mut NetEvents<'static>,
+    ) {
+        let Some(Link::Net(link)) = &q.link else { unreachable!("posted on the network without a network link") };
         let mut st = link.state.lock();
         let timer = StageTimer::start();
         // Before the buffers are checked: a region that goes after this shows.
@@ -307,12 +308,11 @@ impl Vi {
                 q.items.push_back(item);
             }
         }
-        st.flush(link, &mut events);
+        st.flush(link, events);
         timer.stop(&self.nic.counters, Counter::TransferNs, Some(Counter::Transfers));
         if let Some(t) = st.session.poll_timeout() {
             link.port.timer_before(t);
         }
-        events
     }
 
     /// The place where the message being received continues and the room
