@@ -794,6 +794,9 @@ impl Vi {
         let mut q = self.recv.lock();
         // Read under a queue lock: see `AttrCell`.
         let (rules, _) = self.rules();
+        // Before the descriptor's region and its buffers are looked up: a
+        // region that goes after this shows.
+        let epoch = rules.registry.deregistrations();
         let Some(own) = descriptor_region(desc, mem, &rules) else {
             return Err(ViaError::Descriptor);
         };
@@ -812,8 +815,6 @@ impl Vi {
         desc.mark_posted(queue);
         let state = self.state();
         let flushed = state == ViState::Error;
-        // Before the buffers are checked: a region that goes after this shows.
-        let epoch = rules.registry.deregistrations();
         let (segs, total, error) = match validate(desc, mem, &own, true, &rules) {
             Ok(wr) => (wr.segs, wr.total, 0),
             Err(bits) => (Segs::new(), 0, bits),

@@ -239,9 +239,14 @@ impl Vi {
         let Some(Link::Net(link)) = &q.link else { unreachable!("posted on the network without a network link") };
         let mut st = link.state.lock();
         let timer = StageTimer::start();
-        // Before the buffers are checked: a region that goes after this shows.
+        // Before the buffers are checked: a region that goes after this
+        // shows.  The descriptor's own region was looked up before it, for
+        // the post: it must still be there.
         let epoch = rules.registry.deregistrations();
-        let checked = validate(desc, mem, own, false, rules);
+        let checked = match rules.registry.is_live(mem) {
+            true => validate(desc, mem, own, false, rules),
+            false => Err(STATUS_PROTECTION_ERROR),
+        };
         timer.stop(&self.nic.counters, Counter::ValidateNs, None);
         let timer = StageTimer::start();
         match checked {
