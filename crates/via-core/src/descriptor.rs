@@ -353,7 +353,10 @@ mod tests {
         let own = descriptor_region(desc, h, &rules).expect("placed");
         assert_eq!(own, reg.lookup(h).unwrap());
         assert!(descriptor_region(DescPtr(base as usize + 8), h, &rules).is_none());
-        assert!(descriptor_region(DescPtr(base as usize + 4096 - 8), h, &rules).is_none());
+        // Aligned, with the control segment running past its region's end.
+        let short = reg.register(base, 4040, 5, 0, false).unwrap();
+        assert!(descriptor_region(DescPtr(base as usize + 4032), short, &rules).is_none());
+        assert!(descriptor_region(DescPtr(base as usize + 4032), h, &rules).is_some());
         assert!(descriptor_region(desc, h, &Rules { ptag: 6, ..rules }).is_none());
 
         set_cs(&mut mem, CONTROL_OP_SENDRECV | CONTROL_IMMEDIATE, 2, 0xabcd);
