@@ -291,8 +291,13 @@ impl Ring {
     }
 
     fn stamp(&self, place: Place) -> &AtomicU64 {
+        self.stamp_in(self.head_at(place.index()))
+    }
+
+    /// The stamp in the slot head `head` (one of `head_at`'s).
+    fn stamp_in(&self, head: *mut u8) -> &AtomicU64 {
         // SAFETY: the stamp is an aligned u64 inside the head.
-        unsafe { at(self.head_at(place.index()), STAMP_OFFSET) }
+        unsafe { at(head, STAMP_OFFSET) }
     }
 
     /// Consumer side: where message `tail` is, `None` if it has not come.
@@ -375,8 +380,7 @@ impl Ring {
             }
         }
         let next = head.wrapping_add(1);
-        // SAFETY: the stamp is an aligned u64 inside the head.
-        unsafe { at::<AtomicU64>(slot_head, STAMP_OFFSET) }.store(next, Release);
+        self.stamp_in(slot_head).store(next, Release);
         self.head.store(next, Relaxed);
         self.counters.produced().store(next, Release);
         if let Place::Lap(_) = place {
