@@ -433,7 +433,6 @@ impl ViaLink {
     }
 
     /// Posts one send-queue descriptor of VI `v`.
-    #[inline]
     fn post_send(&mut self, v: usize, control: u16, imm: u32, segs: &[DataSegment]) -> Result<()> {
         let i = self.take_send(v)?;
         self.post_at(v, i, control, imm, segs)
@@ -455,7 +454,6 @@ impl ViaLink {
     }
 
     /// Posts send descriptor `i` of VI `v`, taken with [`Self::take_send`].
-    #[inline]
     fn post_at(&mut self, v: usize, i: usize, control: u16, imm: u32, segs: &[DataSegment]) -> Result<()> {
         let s = &mut self.vis[v];
         let mut desc = Descriptor::default();
@@ -578,7 +576,6 @@ impl ViaLink {
     /// Handles a completed receive of VI `v`: checks it, takes the grant and
     /// leaves its descriptor to `repost` (so its data stays until the next
     /// wait).  Returns what arrived, or `None` for a continue.
-    #[inline]
     fn handle(&mut self, v: usize, d: *mut Descriptor) -> Result<Option<Arrival>> {
         // SAFETY (here and below): VipRecvDone returned one of our receive descriptors.
         let status = unsafe { Descriptor::status(d) };
